@@ -1,0 +1,56 @@
+"""torch.distributed.pipelining's built-in schedules as our task graphs.
+
+Uses torch's private `_schedule_visualizer.get_schedule_ops` (torch >= 2.6); where a
+torch build lacks it the error says so instead of failing obscurely.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+
+from schedules.ir import Schedule, ScheduleError
+from schedules.torch_format import from_rows
+
+# torch's class names; lookups are case-insensitive like torch's own get_schedule_class
+TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                   "ZBVZeroBubble", "DualPipeV")
+SINGLE_STAGE = {"gpipe", "1f1b"}
+
+
+def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None = None) -> Schedule:
+    """torch's schedule `name` for p ranks, m microbatches and v stages per rank."""
+    canonical = {n.lower(): n for n in TORCH_SCHEDULES}.get(name.lower())
+    if canonical is None:
+        raise ScheduleError(f"unknown torch schedule {name!r}; torch has {', '.join(TORCH_SCHEDULES)}")
+    try:
+        from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+    except ImportError as exc:
+        raise ScheduleError(f"torch:{canonical} needs torch.distributed.pipelining with "
+                            f"_schedule_visualizer (torch >= 2.6): {exc}") from None
+    if canonical.lower() in SINGLE_STAGE:
+        if chunks not in (None, 1):
+            raise ScheduleError(f"torch:{canonical} has one stage per rank, got -v {chunks}")
+        chunks = 1
+    elif canonical in ("ZBVZeroBubble", "DualPipeV"):
+        if chunks not in (None, 2):
+            raise ScheduleError(f"torch:{canonical} has exactly two stages per rank, got -v {chunks}")
+        chunks = 2
+    else:
+        chunks = 2 if chunks is None else chunks
+    quiet = logging.getLogger("torch.distributed.pipelining")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ops = get_schedule_ops(canonical, ranks, microbatches, num_stages_per_rank=chunks)
+    except Exception as exc:  # torch raises ValueError, AssertionError, RuntimeError
+        raise ScheduleError(f"torch:{canonical} refuses p={ranks} m={microbatches} v={chunks}: {exc}") from None
+    finally:
+        quiet.setLevel(level)
+    rows = [[str(a) if a is not None else "" for a in row] for row in ops]
+    schedule = from_rows(rows, f"torch:{canonical}")
+    schedule.params = {"v": chunks}
+    if schedule.microbatches != microbatches:
+        raise ScheduleError(f"torch:{canonical} ran {schedule.microbatches} microbatches, asked for {microbatches}")
+    return schedule

@@ -1,0 +1,1 @@
+"""Pipeline schedules defined once, as task graphs."""

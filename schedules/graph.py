@@ -1,0 +1,143 @@
+"""Dependencies derived from microbatch paths, and the compiled task graph.
+
+Rules (s_k is the k-th virtual stage on a microbatch's path):
+  F(mb, s_k)       after F(mb, s_{k-1})                  (activation)
+  B|BW(mb, s_k)    after F(mb, s_k)                      (local)
+                   and after B|BW(mb, s_{k+1})           (gradient)
+  W(mb, s)         after B(mb, s)                        (local)
+An edge between virtual stages on different ranks is a point-to-point transfer; on the
+same rank (a V-shape turn) it is a local hand-over.
+
+`TaskGraph` is the compact form every evaluator walks: integer task and unit ids, one
+unit per program element (an overlapped pair is one unit), and a topological order of
+units that `schedules.validate` proves exists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import networkx as nx
+
+from .ir import B, BW, F, W, Overlap, Schedule, Task, unit_tasks
+
+LOCAL, ACTIVATION, GRADIENT = 0, 1, 2
+EDGE_KINDS = ("local", "activation", "gradient")
+
+
+class Edge(NamedTuple):
+    """`dst` task needs `src` task's output. `boundary` is the model stage whose output
+    (activation) or input (gradient) crosses; bytes are looked up by it."""
+
+    src: int
+    dst: int
+    kind: int
+    boundary: int
+
+
+@dataclass
+class TaskGraph:
+    schedule: Schedule
+    tasks: list[Task]
+    index: dict[Task, int]
+    task_unit: list[int]
+    units: list[tuple[int, ...]]
+    unit_rank: list[int]
+    rank_units: list[list[int]]
+    edges: list[Edge]
+    task_inputs: list[list[int]]   # edge ids into each task
+    task_outputs: list[list[int]]  # edge ids out of each task
+    topo_units: list[int]          # filled by validation; empty until then
+
+    @property
+    def transfers(self) -> list[int]:
+        """Edge ids that cross ranks, in no particular order."""
+        return [i for i, e in enumerate(self.edges) if e.kind != LOCAL]
+
+    def edge_ranks(self, edge_id: int) -> tuple[int, int]:
+        e = self.edges[edge_id]
+        return self.unit_rank[self.task_unit[e.src]], self.unit_rank[self.task_unit[e.dst]]
+
+
+def backward_op(index: dict[Task, int], mb: int, stage: int) -> str:
+    """Which backward the program uses for (mb, stage): split B (+W) or fused BW."""
+    return B if Task(B, mb, stage) in index else BW
+
+
+def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:
+    """All data dependencies of a structurally valid schedule, from its paths."""
+    stages = schedule.stages
+    edges: list[Edge] = []
+    add = edges.append
+    for mb in range(schedule.microbatches):
+        path = schedule.path_of(mb)
+        last = len(path) - 1
+        bw_ops = [backward_op(index, mb, s) for s in path]
+        for k, s in enumerate(path):
+            ms = stages[s].model_stage
+            f = index[Task(F, mb, s)]
+            bwd = index[Task(bw_ops[k], mb, s)]
+            if k > 0:
+                prev = path[k - 1]
+                kind = LOCAL if stages[prev].rank == stages[s].rank else ACTIVATION
+                add(Edge(index[Task(F, mb, prev)], f, kind, stages[prev].model_stage))
+            add(Edge(f, bwd, LOCAL, ms))
+            if k < last:
+                nxt = path[k + 1]
+                kind = LOCAL if stages[nxt].rank == stages[s].rank else GRADIENT
+                add(Edge(index[Task(bw_ops[k + 1], mb, nxt)], bwd, kind, ms))
+            if bw_ops[k] == B:
+                add(Edge(bwd, index[Task(W, mb, s)], LOCAL, ms))
+    return edges
+
+
+def build_graph(schedule: Schedule) -> TaskGraph:
+    """Compile a structurally valid schedule (see `validate.check_structure`)."""
+    tasks: list[Task] = []
+    task_unit: list[int] = []
+    units: list[tuple[int, ...]] = []
+    unit_rank: list[int] = []
+    rank_units: list[list[int]] = []
+    for rank, program in enumerate(schedule.programs):
+        ids = []
+        for item in program:
+            members = []
+            for task in unit_tasks(item):
+                members.append(len(tasks))
+                tasks.append(task)
+                task_unit.append(len(units))
+            ids.append(len(units))
+            units.append(tuple(members))
+            unit_rank.append(rank)
+        rank_units.append(ids)
+    index = {t: i for i, t in enumerate(tasks)}
+    edges = derive_edges(schedule, index)
+    inputs: list[list[int]] = [[] for _ in tasks]
+    outputs: list[list[int]] = [[] for _ in tasks]
+    for i, e in enumerate(edges):
+        inputs[e.dst].append(i)
+        outputs[e.src].append(i)
+    return TaskGraph(schedule, tasks, index, task_unit, units, unit_rank, rank_units,
+                     edges, inputs, outputs, [])
+
+
+def to_networkx(graph: TaskGraph) -> nx.DiGraph:
+    """Tasks as nodes; data edges (`kind`: local/activation/gradient) and program-order
+    edges (`kind`: program) between consecutive units of a rank."""
+    g = nx.DiGraph()
+    for i, task in enumerate(graph.tasks):
+        g.add_node(task, rank=graph.unit_rank[graph.task_unit[i]], unit=graph.task_unit[i])
+    for e in graph.edges:
+        g.add_edge(graph.tasks[e.src], graph.tasks[e.dst], kind=EDGE_KINDS[e.kind],
+                   boundary=e.boundary)
+    for ids in graph.rank_units:
+        for a, b in zip(ids, ids[1:]):
+            for ta in graph.units[a]:
+                for tb in graph.units[b]:
+                    g.add_edge(graph.tasks[ta], graph.tasks[tb], kind="program")
+    return g
+
+
+def unit_label(graph: TaskGraph, unit: int) -> str:
+    members = [graph.tasks[t] for t in graph.units[unit]]
+    return str(Overlap(*members)) if len(members) == 2 else str(members[0])

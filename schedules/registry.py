@@ -1,0 +1,66 @@
+"""The built-in schedules by name, with their constraints."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .dualpipe import build_dualpipe
+from .dualpipev import build_dualpipev
+from .gpipe import build_gpipe
+from .greedy import OpTime
+from .interleaved import build_interleaved_1f1b
+from .ir import Schedule, ScheduleError
+from .looped_bfs import build_looped_bfs
+from .one_f_one_b import build_1f1b
+from .zb_h1 import build_zb_h1
+from .zb_h2 import build_zb_h2
+from .zb_v import build_zb_v
+
+
+@dataclass(frozen=True)
+class Builder:
+    name: str
+    build: Callable[..., Schedule]
+    summary: str
+    constraints: str
+    chunks: int | None = 1          # fixed chunks per rank; None: takes -v
+    default_chunks: int = 2         # when chunks is None
+    adapts_to_costs: bool = False   # takes op durations and orders ops for them
+    model_stages: str = "p"         # how many model stages it cuts the model into
+
+
+BUILDERS: dict[str, Builder] = {b.name: b for b in (
+    Builder("gpipe", build_gpipe, "all forwards, then all backwards", "p >= 1, m >= 1"),
+    Builder("1f1b", build_1f1b, "one forward, one backward (PipeDream-Flush)", "p >= 1, m >= 1"),
+    Builder("interleaved-1f1b", build_interleaved_1f1b, "Megatron's interleaved 1F1B, v chunks per rank",
+            "p >= 1, m >= 1, v >= 1 (default 2); bubble (p-1)/v when p divides m", chunks=None,
+            model_stages="p*v"),
+    Builder("looped-bfs", build_looped_bfs, "breadth-first over v looped chunks per rank",
+            "p >= 1, m >= 1, v >= 1 (default 2)", chunks=None, model_stages="p*v"),
+    Builder("zb-h1", build_zb_h1, "zero bubble H1: split backward, 1F1B memory", "p >= 1, m >= 1"),
+    Builder("zb-h2", build_zb_h2, "zero bubble H2: no bubble past the start skew, 2p-1 activations",
+            "p >= 1, m >= 1; zero bubble needs m >= p", adapts_to_costs=True),
+    Builder("zb-v", build_zb_v, "zero bubble V: two chunks per rank in a V, 1F1B memory",
+            "p >= 1, m >= 1, v = 2; zero bubble needs m >= 2p-1", chunks=2, adapts_to_costs=True,
+            model_stages="2p"),
+    Builder("dualpipe", build_dualpipe, "DeepSeek DualPipe: two directions, two replicas per rank",
+            "p even, m even; DeepSeek's bubble needs m >= 2p", model_stages="p"),
+    Builder("dualpipev", build_dualpipev, "DeepSeek DualPipeV: DualPipe folded into a V, one copy",
+            "p >= 1, m >= 1, v = 2; DeepSeek's bubble needs m >= 2p", chunks=2, model_stages="2p"),
+)}
+
+
+def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
+          op_time: OpTime | None = None) -> Schedule:
+    """Build a named schedule. `chunks` is v (chunks per rank) for schedules that take it;
+    `op_time(op, model_stage, num_model_stages)` (seconds) lets cost-adaptive builders
+    order ops for those durations."""
+    builder = BUILDERS.get(name)
+    if builder is None:
+        raise ScheduleError(f"unknown schedule {name!r}; built-in schedules are {', '.join(BUILDERS)}")
+    kwargs = {"op_time": op_time} if builder.adapts_to_costs else {}
+    if builder.chunks is None:
+        return builder.build(ranks, microbatches, builder.default_chunks if chunks is None else chunks, **kwargs)
+    if chunks is not None and chunks != builder.chunks:
+        raise ScheduleError(f"{name} has {builder.chunks} chunk{'s' if builder.chunks > 1 else ''} per rank, got -v {chunks}")
+    return builder.build(ranks, microbatches, **kwargs)

@@ -1,0 +1,120 @@
+"""torch.distributed.pipelining's action format, read and written without torch.
+
+torch names an action "<stage><type><microbatch>", e.g. 2F0, 1I3, 0W5, 3B1; its stage is
+our model stage, its I is our B (input gradient), its B is our BW (full backward), and
+"(a;b)OVERLAP_F_B" is our overlapped pair. A CSV dump has one row per rank; empty cells
+are idle slots. Communication and sharding actions (SEND_F, RECV_B, UNSHARD, ...) are
+implied by our graph and skipped on import.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+from .ir import B, BW, F, W, Overlap, Schedule, ScheduleError, Task, VirtualStage, unit_tasks
+
+TO_OURS = {"F": F, "I": B, "W": W, "B": BW}
+TO_TORCH = {ours: theirs for theirs, ours in TO_OURS.items()}
+IMPLIED = {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"}
+_ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
+_OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+
+Action = tuple[str, int, int]  # (our op, torch stage, microbatch)
+
+
+def parse_action(text: str) -> tuple[Action, ...] | None:
+    """One torch action string as our (op, stage, mb) tuples; None for idle/implied ones."""
+    text = text.strip()
+    if not text or text == "None":
+        return None
+    overlap = _OVERLAP.match(text)
+    if overlap:
+        parts = [parse_action(s) for s in overlap.group(1).split(";") if s.strip()]
+        if len(parts) != 2 or any(p is None or len(p) != 1 for p in parts):
+            raise ScheduleError(f"OVERLAP_F_B must hold exactly two compute actions, got {text!r}")
+        return parts[0] + parts[1]  # type: ignore[operator]
+    match = _ACTION.match(text)
+    if not match:
+        raise ScheduleError(f"not a torch pipelining action: {text!r} (expected e.g. 2F0, 1I3, 0W5, 3B1)")
+    stage, kind, mb = match.groups()
+    if kind in IMPLIED:
+        return None
+    if not mb:
+        raise ScheduleError(f"torch action {text!r} has no microbatch index")
+    return ((TO_OURS[kind], int(stage), int(mb)),)
+
+
+def from_rows(rows: list[list[str]], name: str = "torch") -> Schedule:
+    """A Schedule from per-rank torch action strings (one list per rank)."""
+    ranks = len(rows)
+    if ranks == 0:
+        raise ScheduleError("torch schedule has no ranks")
+    placed: dict[int, int] = {}
+    programs: list[list] = []
+    mbs = set()
+    for rank, row in enumerate(rows):
+        program = []
+        for cell in row:
+            actions = parse_action(cell)
+            if actions is None:
+                continue
+            tasks = []
+            for op, stage, mb in actions:
+                if placed.setdefault(stage, rank) != rank:
+                    raise ScheduleError(f"torch stage {stage} appears on ranks {placed[stage]} and {rank}")
+                tasks.append(Task(op, mb, stage))
+                mbs.add(mb)
+            program.append(Overlap(*tasks) if len(tasks) == 2 else tasks[0])
+        programs.append(program)
+    num_stages = max(placed) + 1 if placed else 0
+    missing = [s for s in range(num_stages) if s not in placed]
+    if missing or not placed:
+        raise ScheduleError(f"torch schedule never runs stage {missing[0] if missing else 0}")
+    microbatches = max(mbs) + 1
+    stages = [VirtualStage(placed[s], s) for s in range(num_stages)]
+    return Schedule(name, ranks, microbatches, stages, [list(range(num_stages))],
+                    [0] * microbatches, programs)
+
+
+def read_csv(path: str | Path, name: str | None = None) -> Schedule:
+    """A torch CSV dump (compute-only or with communication actions) as a Schedule."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ScheduleError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    rows = [row for row in csv.reader(io.StringIO(text))]
+    while rows and not any(c.strip() for c in rows[-1]):
+        rows.pop()
+    return from_rows(rows, name or Path(path).stem)
+
+
+def action_string(task: Task) -> str:
+    return f"{task.stage}{TO_TORCH[task.op]}{task.mb}"
+
+
+def to_rows(schedule: Schedule) -> list[list[str]]:
+    """Per-rank torch action strings. torch has one stage per model stage, so schedules
+    whose virtual stages replicate a model stage (DualPipe) or that route microbatches
+    differently cannot be expressed."""
+    model = [st.model_stage for st in schedule.stages]
+    if sorted(model) != list(range(len(model))):
+        raise ScheduleError(f"{schedule.name} places a model stage on more than one rank; "
+                            "torch.distributed.pipelining has one copy of each stage")
+    rows = []
+    for program in schedule.programs:
+        row = []
+        for item in program:
+            tasks = [Task(t.op, t.mb, model[t.stage]) for t in unit_tasks(item)]
+            if len(tasks) == 2:
+                row.append(f"({';'.join(action_string(t) for t in tasks)})OVERLAP_F_B")
+            else:
+                row.append(action_string(tasks[0]))
+        rows.append(row)
+    return rows
+
+
+def write_csv(schedule: Schedule, path: str | Path) -> None:
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh).writerows(to_rows(schedule))

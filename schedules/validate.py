@@ -1,0 +1,147 @@
+"""Validation of any schedule, built-in or hand-written.
+
+`validate` checks structure (placement, paths, exactly one F and either one BW or one
+B and one W per (microbatch, virtual stage) on the microbatch's path), then proves the
+combined graph of data and program-order edges acyclic. A cycle is a deadlock and the
+error spells it out as ops per rank.
+"""
+from __future__ import annotations
+
+import networkx as nx
+
+from .graph import TaskGraph, build_graph, unit_label
+from .ir import B, BW, F, OPS, W, Overlap, Schedule, ScheduleError, Task, unit_tasks
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_structure(s: Schedule) -> None:
+    """Raise ScheduleError naming the first structural problem found."""
+    if not _is_count(s.ranks) or s.ranks < 1:
+        raise ScheduleError(f"ranks must be an integer >= 1, got {s.ranks!r}")
+    if not _is_count(s.microbatches) or s.microbatches < 1:
+        raise ScheduleError(f"microbatches must be an integer >= 1, got {s.microbatches!r}")
+    if len(s.programs) != s.ranks:
+        raise ScheduleError(f"need one program per rank: {s.ranks} ranks, {len(s.programs)} programs")
+    if not s.stages:
+        raise ScheduleError("schedule has no virtual stages")
+    for i, st in enumerate(s.stages):
+        if not (_is_count(st.rank) and 0 <= st.rank < s.ranks):
+            raise ScheduleError(f"virtual stage {i} is placed on rank {st.rank!r}, outside 0..{s.ranks - 1}")
+        if not _is_count(st.model_stage) or st.model_stage < 0:
+            raise ScheduleError(f"virtual stage {i} has model_stage {st.model_stage!r}, need an integer >= 0")
+    _check_paths(s)
+    _check_programs(s)
+
+
+def _check_paths(s: Schedule) -> None:
+    if not s.paths:
+        raise ScheduleError("schedule has no paths")
+    depth = len(s.paths[0])
+    for p, path in enumerate(s.paths):
+        if len(path) != depth:
+            raise ScheduleError(f"path {p} has {len(path)} stages, path 0 has {depth}: every path must cross the whole model")
+        for k, st in enumerate(path):
+            if not (_is_count(st) and 0 <= st < len(s.stages)):
+                raise ScheduleError(f"path {p} names virtual stage {st!r}, outside 0..{len(s.stages) - 1}")
+            if s.stages[st].model_stage != k:
+                raise ScheduleError(
+                    f"path {p} position {k} is virtual stage {st} running model stage "
+                    f"{s.stages[st].model_stage}; a path must run model stages 0..{depth - 1} in order")
+    if len(s.microbatch_paths) != s.microbatches:
+        raise ScheduleError(f"microbatch_paths has {len(s.microbatch_paths)} entries for {s.microbatches} microbatches")
+    for mb, p in enumerate(s.microbatch_paths):
+        if not (_is_count(p) and 0 <= p < len(s.paths)):
+            raise ScheduleError(f"microbatch {mb} follows path {p!r}, outside 0..{len(s.paths) - 1}")
+
+
+_BIT = {F: 1, B: 2, W: 4, BW: 8}
+
+
+def _check_programs(s: Schedule) -> None:
+    n_stages, m = len(s.stages), s.microbatches
+    stage_rank = [st.rank for st in s.stages]
+    path_sets = [set(p) for p in s.paths]
+    on_path = [path_sets[s.microbatch_paths[mb]] for mb in range(m)]
+    ops_of: dict[tuple[int, int], int] = {}
+    for rank, program in enumerate(s.programs):
+        for item in program:
+            if isinstance(item, Overlap) and item.first == item.second:
+                raise ScheduleError(f"rank {rank} overlaps {item.first} with itself")
+            for t in unit_tasks(item):
+                bit = _BIT.get(t.op)
+                if bit is None:
+                    raise ScheduleError(f"rank {rank} has unknown op {t.op!r}; ops are {', '.join(OPS)}")
+                if type(t.mb) is not int or not 0 <= t.mb < m:
+                    raise ScheduleError(f"rank {rank} has {t}: microbatch outside 0..{m - 1}")
+                if type(t.stage) is not int or not 0 <= t.stage < n_stages:
+                    raise ScheduleError(f"rank {rank} has {t}: virtual stage outside 0..{n_stages - 1}")
+                if stage_rank[t.stage] != rank:
+                    raise ScheduleError(f"rank {rank} has {t} but virtual stage {t.stage} is placed on rank {stage_rank[t.stage]}")
+                if t.stage not in on_path[t.mb]:
+                    raise ScheduleError(f"rank {rank} has {t} but microbatch {t.mb}'s path does not visit virtual stage {t.stage}")
+                key = (t.mb, t.stage)
+                have = ops_of.get(key, 0)
+                if have & bit:
+                    raise ScheduleError(f"{t} appears more than once; each op runs exactly once")
+                ops_of[key] = have | bit
+    for mb in range(m):
+        for st in s.path_of(mb):
+            have = ops_of.get((mb, st), 0)
+            if have in (1 | 8, 1 | 2 | 4):
+                continue
+            where = f"microbatch {mb} on virtual stage {st} (rank {stage_rank[st]})"
+            if not have & 1:
+                raise ScheduleError(f"{where} has no F")
+            if have & 8:
+                raise ScheduleError(f"{where} has both BW and B/W; use either the fused or the split backward")
+            missing = "BW, or B and W" if not have & 6 else ("W" if have & 2 else "B")
+            raise ScheduleError(f"{where} has no {missing}")
+
+
+def topological_units(graph: TaskGraph) -> tuple[list[int], list[tuple[int, int]]]:
+    """Kahn's algorithm over units: (order, residual). The residual unit edges are empty
+    unless some units can never start, which is a deadlock."""
+    n = len(graph.units)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for ids in graph.rank_units:
+        for a, b in zip(ids, ids[1:]):
+            succ[a].append(b)
+            indeg[b] += 1
+    for e in graph.edges:
+        a, b = graph.task_unit[e.src], graph.task_unit[e.dst]
+        succ[a].append(b)
+        indeg[b] += 1
+    ready = [u for u in range(n) if indeg[u] == 0]
+    order: list[int] = []
+    while ready:
+        u = ready.pop()
+        order.append(u)
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    if len(order) == n:
+        return order, []
+    done = set(order)
+    return order, [(u, v) for u in range(n) if u not in done for v in succ[u] if v not in done]
+
+
+def describe_cycle(graph: TaskGraph, residual: list[tuple[int, int]]) -> str:
+    cycle = nx.find_cycle(nx.DiGraph(residual))
+    return " -> ".join(f"rank {graph.unit_rank[u]}: {unit_label(graph, u)}" for u, _ in cycle) + \
+        f" -> rank {graph.unit_rank[cycle[0][0]]}: {unit_label(graph, cycle[0][0])}"
+
+
+def validate(schedule: Schedule) -> TaskGraph:
+    """Check a schedule and return its compiled graph (with a topological unit order)."""
+    check_structure(schedule)
+    graph = build_graph(schedule)
+    order, residual = topological_units(graph)
+    if residual:
+        raise ScheduleError(f"schedule {schedule.name!r} deadlocks: {describe_cycle(graph, residual)}")
+    graph.topo_units = order
+    return graph

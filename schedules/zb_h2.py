@@ -1,0 +1,21 @@
+"""ZB-H2 (Qi et al., ICLR 2024): zero bubble by spending memory, one stage per rank.
+
+Every rank may hold up to 2p-1 microbatches' activations (from F until W), enough to
+keep forwarding until the first backward returns. The order is played out greedily
+(see `schedules.greedy`): a ready B or F, alternating when both are ready, and a
+deferred W whenever neither is. With F = B = W the only idle time is the start skew:
+makespan m(F+B+W) + (p-1)F. Given op durations, the order adapts to them.
+Constraints: p >= 1, m >= 1.
+"""
+from __future__ import annotations
+
+from .greedy import OpTime, Rule, play
+from .ir import Schedule, check_positive, looped_stages, uniform_paths
+
+
+def build_zb_h2(ranks: int, microbatches: int, op_time: OpTime | None = None) -> Schedule:
+    check_positive("zb-h2", ranks=ranks, microbatches=microbatches)
+    stages = looped_stages(ranks, 1)
+    paths, mb_paths = uniform_paths(stages, microbatches)
+    return play("zb-h2", ranks, microbatches, stages, paths, mb_paths,
+                Rule(memory_limit=lambda r: 2 * ranks - 1), op_time)

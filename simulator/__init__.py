@@ -1,0 +1,1 @@
+"""Predict the timeline of a schedule under a cost model."""

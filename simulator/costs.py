@@ -1,0 +1,319 @@
+"""The cost model: how long each op and transfer takes and how much memory it holds.
+
+Units: seconds, bytes, bytes per second.
+
+Costs are given per *pipeline stage* (one rank's share of the model, 1/p of it). A
+schedule that cuts the model into S model stages charges each model stage p/S of its
+pipeline stage's compute and memory; transfer sizes (the activation at a boundary) do
+not shrink. A cost file may instead give every model stage its own costs.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from schedules.ir import B, BW, F, W
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+FORMAT = "pipesched.costs/1"
+
+
+class CostError(ValueError):
+    """A cost file or value is unusable; the message names the field."""
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Per-microbatch costs of one stage.
+
+    forward, backward_input, backward_weight: T_F, T_B, T_W in seconds.
+    backward_full: T_BW of the fused backward; None means T_B + T_W.
+    activation_bytes: size of the activation this stage sends to the next one.
+    gradient_bytes: size of the gradient sent back to the previous stage (None: same as
+        the activation arriving at this stage, i.e. the previous stage's activation_bytes).
+    activation_memory: bytes an F stores until its backward.
+    weight_memory: the part of activation_memory that B keeps until W.
+    param_bytes: resident bytes of this stage's parameters, gradients and optimizer state.
+    """
+
+    forward: float = 1.0
+    backward_input: float = 1.0
+    backward_weight: float = 1.0
+    backward_full: float | None = None
+    activation_bytes: float = 0.0
+    gradient_bytes: float | None = None
+    activation_memory: float = 0.0
+    weight_memory: float = 0.0
+    param_bytes: float = 0.0
+
+    def check(self, where: str) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in ("backward_full", "gradient_bytes"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise CostError(f"{where}.{f.name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise CostError(f"{where}.{f.name} must be finite and >= 0, got {value!r}")
+        if self.weight_memory > self.activation_memory:
+            raise CostError(f"{where}.weight_memory ({self.weight_memory}) exceeds activation_memory ({self.activation_memory})")
+
+    def scaled(self, k: float) -> "StageCost":
+        """This stage's costs for a k-fraction of it (compute and memory scale, boundary sizes do not)."""
+        return replace(
+            self, forward=self.forward * k, backward_input=self.backward_input * k,
+            backward_weight=self.backward_weight * k,
+            backward_full=None if self.backward_full is None else self.backward_full * k,
+            activation_memory=self.activation_memory * k, weight_memory=self.weight_memory * k,
+            param_bytes=self.param_bytes * k)
+
+    def op_time(self, op: str) -> float:
+        if op == F:
+            return self.forward
+        if op == B:
+            return self.backward_input
+        if op == W:
+            return self.backward_weight
+        if op == BW:
+            return self.backward_input + self.backward_weight if self.backward_full is None else self.backward_full
+        raise CostError(f"unknown op {op!r}")
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point transfer costs latency + bytes / bandwidth (seconds, bytes/s)."""
+
+    latency: float = 0.0
+    bandwidth: float = math.inf
+
+    def check(self, where: str) -> None:
+        for name in ("latency", "bandwidth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise CostError(f"{where}.{name} must be a number, got {value!r}")
+        if self.latency < 0 or math.isinf(self.latency):
+            raise CostError(f"{where}.latency must be finite and >= 0, got {self.latency!r}")
+        if self.bandwidth <= 0:
+            raise CostError(f"{where}.bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
+
+    def time(self, nbytes: float) -> float:
+        return self.latency + (nbytes / self.bandwidth if nbytes else 0.0)
+
+
+@dataclass(frozen=True)
+class Network:
+    """Ranks r and q share a node when r // ranks_per_node == q // ranks_per_node."""
+
+    intra: Link = Link()
+    inter: Link | None = None  # None: same as intra
+    ranks_per_node: int | None = None  # None: all ranks on one node
+
+    def link(self, src: int, dst: int) -> Link:
+        if self.ranks_per_node is None or self.inter is None or \
+                src // self.ranks_per_node == dst // self.ranks_per_node:
+            return self.intra
+        return self.inter
+
+    def check(self) -> None:
+        self.intra.check("network")
+        if self.inter is not None:
+            self.inter.check("network.inter_node")
+        rpn = self.ranks_per_node
+        if rpn is not None and (isinstance(rpn, bool) or not isinstance(rpn, int) or rpn < 1):
+            raise CostError(f"network.ranks_per_node must be an integer >= 1, got {rpn!r}")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Everything the simulator needs to time a schedule.
+
+    stages: per pipeline stage; one entry applies to every stage.
+    model_stages: per model stage; used instead when a schedule has exactly this many.
+    overlap: how an overlapped pair (a, b) runs: a + b - overlap * min(a, b);
+        0 is serial, 1 is perfect overlap.
+    contention: a directed link carries one transfer at a time (FIFO).
+    blocking_sends: a rank waits for its sends to complete before its next op.
+    op_overhead: seconds added to every compute op (launch and bookkeeping).
+    """
+
+    stages: tuple[StageCost, ...] = (StageCost(),)
+    model_stages: tuple[StageCost, ...] | None = None
+    overlap: float = 0.0
+    network: Network = Network()
+    contention: bool = True
+    blocking_sends: bool = False
+    op_overhead: float = 0.0
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def check(self) -> "CostModel":
+        if not self.stages:
+            raise CostError("stages is empty; give at least one stage's costs")
+        for i, s in enumerate(self.stages):
+            s.check(f"stages[{i}]")
+        for i, s in enumerate(self.model_stages or ()):
+            s.check(f"model_stages[{i}]")
+        if isinstance(self.overlap, bool) or not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
+            raise CostError(f"overlap must be between 0 (serial) and 1 (perfect), got {self.overlap!r}")
+        if isinstance(self.op_overhead, bool) or not isinstance(self.op_overhead, (int, float)) \
+                or not math.isfinite(self.op_overhead) or self.op_overhead < 0:
+            raise CostError(f"op_overhead must be finite and >= 0, got {self.op_overhead!r}")
+        self.network.check()
+        return self
+
+    def model_stage_costs(self, ranks: int, num_model_stages: int) -> list[StageCost]:
+        """Costs of each of S model stages of a schedule on `ranks` ranks."""
+        if self.model_stages is not None and len(self.model_stages) == num_model_stages:
+            return list(self.model_stages)
+        if len(self.stages) not in (1, ranks):
+            raise CostError(f"cost model gives {len(self.stages)} pipeline stages but the schedule has {ranks} ranks")
+        k = ranks / num_model_stages
+        return [self.stages[0 if len(self.stages) == 1 else min(ranks - 1, int(ms * ranks // num_model_stages))].scaled(k)
+                for ms in range(num_model_stages)]
+
+    def pair_time(self, a: float, b: float) -> float:
+        return a + b - self.overlap * min(a, b)
+
+
+def uniform(f: float = 1.0, b: float = 1.0, w: float = 1.0, **kwargs: Any) -> CostModel:
+    """Same T_F, T_B, T_W on every pipeline stage; other CostModel fields by keyword."""
+    stage_keys = {f.name for f in fields(StageCost)}
+    stage = StageCost(forward=f, backward_input=b, backward_weight=w,
+                      **{k: v for k, v in kwargs.items() if k in stage_keys})
+    rest = {k: v for k, v in kwargs.items() if k not in stage_keys}
+    return CostModel(stages=(stage,), **rest).check()
+
+
+# --- cost files ---------------------------------------------------------------------
+
+_OVERLAP_WORDS = {"serial": 0.0, "perfect": 1.0}
+
+
+def _stage(data: Any, where: str) -> StageCost:
+    if not isinstance(data, dict):
+        raise CostError(f"{where} must be an object of stage costs, got {type(data).__name__}")
+    known = {f.name for f in fields(StageCost)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise CostError(f"{where} has unknown field {unknown[0]!r}; fields are {', '.join(sorted(known))}")
+    stage = StageCost(**data)
+    stage.check(where)
+    return stage
+
+
+def _link(data: Any, where: str) -> Link:
+    if not isinstance(data, dict):
+        raise CostError(f"{where} must be an object with latency and bandwidth")
+    unknown = sorted(set(data) - {"latency", "bandwidth"})
+    if unknown:
+        raise CostError(f"{where} has unknown field {unknown[0]!r}; fields are latency, bandwidth")
+    link = Link(latency=data.get("latency", 0.0), bandwidth=data.get("bandwidth", math.inf))
+    link.check(where)
+    return link
+
+
+def from_dict(data: Any) -> CostModel:
+    """Parse a `pipesched.costs/1` document (already loaded from JSON or TOML)."""
+    if not isinstance(data, dict):
+        raise CostError("cost file must hold an object at the top level")
+    fmt = data.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
+    allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
+               "blocking_sends", "op_overhead", "meta"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
+    default = _stage(data.get("stage", {}), "stage")
+    base = {k: v for k, v in data.get("stage", {}).items()}
+    stages: tuple[StageCost, ...] = (default,)
+    if "stages" in data:
+        if not isinstance(data["stages"], list) or not data["stages"]:
+            raise CostError("stages must be a non-empty list of stage costs")
+        stages = tuple(_stage({**base, **s} if isinstance(s, dict) else s, f"stages[{i}]")
+                       for i, s in enumerate(data["stages"]))
+    model_stages = None
+    if "model_stages" in data:
+        if not isinstance(data["model_stages"], list) or not data["model_stages"]:
+            raise CostError("model_stages must be a non-empty list of stage costs")
+        model_stages = tuple(_stage(s, f"model_stages[{i}]") for i, s in enumerate(data["model_stages"]))
+    overlap = data.get("overlap", 0.0)
+    if isinstance(overlap, str):
+        if overlap not in _OVERLAP_WORDS:
+            raise CostError(f"overlap must be 'serial', 'perfect' or a number in [0, 1], got {overlap!r}")
+        overlap = _OVERLAP_WORDS[overlap]
+    net = data.get("network", {})
+    if not isinstance(net, dict):
+        raise CostError("network must be an object")
+    unknown = sorted(set(net) - {"latency", "bandwidth", "ranks_per_node", "inter_node"})
+    if unknown:
+        raise CostError(f"network has unknown field {unknown[0]!r}; fields are latency, bandwidth, ranks_per_node, inter_node")
+    network = Network(
+        intra=_link({k: net[k] for k in ("latency", "bandwidth") if k in net}, "network"),
+        inter=_link(net["inter_node"], "network.inter_node") if "inter_node" in net else None,
+        ranks_per_node=net.get("ranks_per_node"))
+    for flag in ("contention", "blocking_sends"):
+        if flag in data and not isinstance(data[flag], bool):
+            raise CostError(f"{flag} must be true or false, got {data[flag]!r}")
+    meta = data.get("meta", {})
+    if not isinstance(meta, dict):
+        raise CostError("meta must be an object")
+    return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
+                     contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
+                     op_overhead=data.get("op_overhead", 0.0), meta=meta).check()
+
+
+def to_dict(model: CostModel) -> dict:
+    """The `pipesched.costs/1` document of a cost model (round-trips through from_dict)."""
+    def stage(s: StageCost) -> dict:
+        return {f.name: getattr(s, f.name) for f in fields(StageCost) if getattr(s, f.name) is not None}
+
+    def link(l: Link) -> dict:
+        d = {"latency": l.latency}
+        if not math.isinf(l.bandwidth):
+            d["bandwidth"] = l.bandwidth
+        return d
+
+    net: dict[str, Any] = link(model.network.intra)
+    if model.network.ranks_per_node is not None:
+        net["ranks_per_node"] = model.network.ranks_per_node
+    if model.network.inter is not None:
+        net["inter_node"] = link(model.network.inter)
+    doc: dict[str, Any] = {"format": FORMAT, "stages": [stage(s) for s in model.stages]}
+    if model.model_stages is not None:
+        doc["model_stages"] = [stage(s) for s in model.model_stages]
+    doc.update(overlap=model.overlap, network=net, contention=model.contention,
+               blocking_sends=model.blocking_sends, op_overhead=model.op_overhead)
+    if model.meta:
+        doc["meta"] = model.meta
+    return doc
+
+
+def load(path: str | Path) -> CostModel:
+    """Read a cost file: JSON, or TOML when the name ends in .toml."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CostError(f"cannot read cost file {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ValueError as exc:
+        raise CostError(f"cost file {str(path)!r} is not valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+    try:
+        return from_dict(data)
+    except TypeError as exc:  # e.g. a stage given as a list
+        raise CostError(f"cost file {str(path)!r}: {exc}") from None
+
+
+def save(model: CostModel, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(to_dict(model), indent=2) + "\n")

@@ -1,0 +1,98 @@
+"""A cost model applied to one compiled schedule: what each unit and transfer costs.
+
+Both engines (the exact longest path and the DES) take a `Timing` and give a
+`Timeline` (start and end of every unit and transfer); `to_trace` turns a timeline into
+the common Trace. Keeping these in one place is what makes the engines comparable.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from schedules.graph import GRADIENT, LOCAL, TaskGraph
+from .costs import CostModel, StageCost
+from .memory import memory_samples
+from .trace import COMPUTE, RECV, SEND, Span, Trace
+
+
+@dataclass
+class Timing:
+    task_time: list[float]        # seconds per task, op overhead included
+    unit_time: list[float]        # seconds per unit (an overlapped pair combined)
+    edge_time: list[float]        # seconds per transfer edge; 0 for local edges
+    edge_link: list[int]          # link id per edge; -1 for local edges
+    links: list[tuple[int, int]]  # (sender, receiver) of each link id
+    contention: bool
+    blocking_sends: bool
+    stage_costs: list[StageCost]  # per model stage
+
+
+@dataclass
+class Timeline:
+    unit_start: list[float]
+    unit_end: list[float]
+    edge_start: list[float]  # transfer start (nan for local edges)
+    edge_end: list[float]    # transfer end (nan for local edges)
+
+
+def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
+            rng: np.random.Generator | None = None) -> Timing:
+    """Apply `costs` to `graph`. With noise_cv > 0, every op and transfer time is
+    multiplied by an independent lognormal factor of mean 1 and that coefficient of
+    variation (drawn from `rng`)."""
+    sched = graph.schedule
+    stage_costs = costs.model_stage_costs(sched.ranks, sched.num_model_stages)
+    model_stage = [st.model_stage for st in sched.stages]
+    task_time = [stage_costs[model_stage[t.stage]].op_time(t.op) + costs.op_overhead for t in graph.tasks]
+    edge_time = [0.0] * len(graph.edges)
+    edge_link = [-1] * len(graph.edges)
+    link_ids: dict[tuple[int, int], int] = {}
+    for i, e in enumerate(graph.edges):
+        if e.kind == LOCAL:
+            continue
+        src, dst = graph.edge_ranks(i)
+        st = stage_costs[e.boundary]
+        if e.kind == GRADIENT:
+            nbytes = st.gradient_bytes if st.gradient_bytes is not None else st.activation_bytes
+        else:
+            nbytes = st.activation_bytes
+        edge_time[i] = costs.network.link(src, dst).time(nbytes)
+        edge_link[i] = link_ids.setdefault((src, dst), len(link_ids))
+    if noise_cv > 0:
+        rng = rng or np.random.default_rng()
+        sigma2 = np.log1p(noise_cv ** 2)
+        factors = rng.lognormal(-sigma2 / 2, np.sqrt(sigma2), len(task_time) + len(edge_time))
+        task_time = list(np.asarray(task_time) * factors[:len(task_time)])
+        edge_time = list(np.asarray(edge_time) * factors[len(task_time):])
+    unit_time = [task_time[m[0]] if len(m) == 1 else costs.pair_time(task_time[m[0]], task_time[m[1]])
+                 for m in graph.units]
+    links = sorted(link_ids, key=link_ids.get)
+    return Timing(task_time, unit_time, edge_time, edge_link, links, costs.contention,
+                  costs.blocking_sends, stage_costs)
+
+
+def to_trace(graph: TaskGraph, timing: Timing, timeline: Timeline, meta: dict | None = None) -> Trace:
+    """The simulated Trace of a timeline: compute spans, transfer spans and memory."""
+    sched = graph.schedule
+    spans: list[Span] = []
+    task_start = [0.0] * len(graph.tasks)
+    task_end = [0.0] * len(graph.tasks)
+    for u, members in enumerate(graph.units):
+        r, a, b = graph.unit_rank[u], timeline.unit_start[u], timeline.unit_end[u]
+        pair = len(members) == 2
+        for t in members:
+            task = graph.tasks[t]
+            task_start[t], task_end[t] = a, b
+            spans.append(Span(r, COMPUTE, task.op, task.mb, task.stage, a, b, -1, pair))
+    for i, e in enumerate(graph.edges):
+        if e.kind == LOCAL:
+            continue
+        src, dst = graph.edge_ranks(i)
+        task = graph.tasks[e.src]
+        a, b = timeline.edge_start[i], timeline.edge_end[i]
+        spans.append(Span(src, SEND, task.op, task.mb, task.stage, a, b, dst, False))
+        spans.append(Span(dst, RECV, task.op, task.mb, task.stage, a, b, src, False))
+    memory = memory_samples(graph, timing.stage_costs, task_start, task_end)
+    return Trace.from_spans(sched.name, sched.ranks, sched.microbatches, "simulated", spans,
+                            memory, meta)

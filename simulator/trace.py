@@ -1,0 +1,154 @@
+"""The Trace: what happened (or is predicted to happen) on each rank, over time.
+
+Simulated and measured runs produce the same type, so every metric, figure and
+comparison works on either. Times are seconds from the start of the step; memory is
+bytes per rank sampled at every change.
+
+Spans are stored column-wise (numpy arrays) because a large simulation has millions.
+A compute span is one op; an overlapped pair gives two compute spans with `overlapped`
+set. A transfer gives a `send` span on the sender and a `recv` span on the receiver,
+both keyed by the producing op (op, mb, stage) and naming the other rank in `peer`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple
+
+import numpy as np
+
+from schedules.ir import OPS
+
+FORMAT = "pipesched.trace/1"
+COMPUTE, SEND, RECV = 0, 1, 2
+LANES = ("compute", "send", "recv")
+COLUMNS = ("rank", "lane", "op", "mb", "stage", "start", "end", "peer", "overlapped")
+
+
+class TraceError(ValueError):
+    """A trace file is unusable; the message says why."""
+
+
+class Span(NamedTuple):
+    rank: int
+    lane: int      # COMPUTE, SEND or RECV
+    op: str        # F, B, W or BW (for transfers: the op that produced the payload)
+    mb: int
+    stage: int     # virtual stage index
+    start: float   # seconds
+    end: float     # seconds
+    peer: int = -1  # the other rank of a transfer, -1 for compute
+    overlapped: bool = False
+
+
+@dataclass
+class Trace:
+    schedule: str
+    ranks: int
+    microbatches: int
+    source: str                                   # "simulated" or "measured"
+    rank: np.ndarray
+    lane: np.ndarray
+    op: np.ndarray                                # index into schedules.ir.OPS
+    mb: np.ndarray
+    stage: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    peer: np.ndarray
+    overlapped: np.ndarray
+    memory: list[tuple[np.ndarray, np.ndarray]]   # per rank: (times s, bytes)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_spans(cls, schedule: str, ranks: int, microbatches: int, source: str,
+                   spans: list[Span] | list[tuple], memory: list | None = None,
+                   meta: dict | None = None) -> "Trace":
+        cols = list(zip(*spans)) if spans else [[] for _ in COLUMNS]
+        op_index = {name: i for i, name in enumerate(OPS)}
+        return cls(
+            schedule, ranks, microbatches, source,
+            rank=np.asarray(cols[0], dtype=np.int32), lane=np.asarray(cols[1], dtype=np.int8),
+            op=np.asarray([op_index[o] for o in cols[2]], dtype=np.int8),
+            mb=np.asarray(cols[3], dtype=np.int32), stage=np.asarray(cols[4], dtype=np.int32),
+            start=np.asarray(cols[5], dtype=np.float64), end=np.asarray(cols[6], dtype=np.float64),
+            peer=np.asarray(cols[7] if len(cols) > 7 else [-1] * len(spans), dtype=np.int32),
+            overlapped=np.asarray(cols[8] if len(cols) > 8 else [False] * len(spans), dtype=bool),
+            memory=[(np.asarray(t, dtype=np.float64), np.asarray(b, dtype=np.float64))
+                    for t, b in (memory or [([], [])] * ranks)],
+            meta=dict(meta or {}))
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def spans(self, lane: int | None = None, rank: int | None = None) -> Iterator[Span]:
+        mask = self.mask(lane, rank)
+        for i in np.flatnonzero(mask):
+            yield Span(int(self.rank[i]), int(self.lane[i]), OPS[self.op[i]], int(self.mb[i]),
+                       int(self.stage[i]), float(self.start[i]), float(self.end[i]),
+                       int(self.peer[i]), bool(self.overlapped[i]))
+
+    def mask(self, lane: int | None = None, rank: int | None = None) -> np.ndarray:
+        m = np.ones(len(self), dtype=bool)
+        if lane is not None:
+            m &= self.lane == lane
+        if rank is not None:
+            m &= self.rank == rank
+        return m
+
+    def shifted(self, offset: float) -> "Trace":
+        """The same trace with every time moved by `offset` seconds."""
+        return Trace(self.schedule, self.ranks, self.microbatches, self.source, self.rank,
+                     self.lane, self.op, self.mb, self.stage, self.start + offset,
+                     self.end + offset, self.peer, self.overlapped,
+                     [(t + offset, b) for t, b in self.memory], dict(self.meta))
+
+    # --- JSON -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        rows = [[int(r), LANES[l], OPS[o], int(m), int(s), float(a), float(b), int(p), bool(v)]
+                for r, l, o, m, s, a, b, p, v in zip(self.rank, self.lane, self.op, self.mb,
+                                                      self.stage, self.start, self.end,
+                                                      self.peer, self.overlapped)]
+        return {"format": FORMAT, "schedule": self.schedule, "ranks": self.ranks,
+                "microbatches": self.microbatches, "source": self.source,
+                "columns": list(COLUMNS), "spans": rows,
+                "memory": [[[float(x), float(y)] for x, y in zip(t, b)] for t, b in self.memory],
+                "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Trace":
+        try:
+            if data.get("format") != FORMAT:
+                raise TraceError(f"trace format is {data.get('format')!r}, expected {FORMAT!r}")
+            if list(data["columns"]) != list(COLUMNS):
+                raise TraceError(f"trace columns are {data['columns']}, expected {list(COLUMNS)}")
+            lane_index = {name: i for i, name in enumerate(LANES)}
+            spans = [Span(int(r), lane_index[l], str(o), int(m), int(s), float(a), float(b), int(p), bool(v))
+                     for r, l, o, m, s, a, b, p, v in data["spans"]]
+            ranks = int(data["ranks"])
+            memory = [([x for x, _ in samples], [y for _, y in samples]) for samples in data["memory"]]
+            if len(memory) != ranks:
+                raise TraceError(f"trace has memory for {len(memory)} ranks, expected {ranks}")
+            bad = next((s for s in spans if not 0 <= s.rank < ranks or s.end < s.start or s.op not in OPS), None)
+            if bad is not None:
+                raise TraceError(f"trace span {tuple(bad)} is out of range (rank, op or end before start)")
+            return cls.from_spans(str(data["schedule"]), ranks, int(data["microbatches"]),
+                                  str(data.get("source", "unknown")), spans, memory, data.get("meta", {}))
+        except TraceError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TraceError(f"trace is malformed: {type(exc).__name__}: {exc}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise TraceError(f"trace {str(path)!r} is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
