@@ -177,6 +177,17 @@ class CostModel:
         return [self.stages[0 if len(self.stages) == 1 else min(ranks - 1, int(ms * ranks // num_model_stages))].scaled(k)
                 for ms in range(num_model_stages)]
 
+    def op_time_for(self, ranks: int):
+        """op_time(op, model_stage, num_model_stages) -> seconds, for cost-adaptive builders."""
+        cache: dict[int, list[StageCost]] = {}
+
+        def op_time(op: str, model_stage: int, num_model_stages: int) -> float:
+            if num_model_stages not in cache:
+                cache[num_model_stages] = self.model_stage_costs(ranks, num_model_stages)
+            return cache[num_model_stages][model_stage].op_time(op) + self.op_overhead
+
+        return op_time
+
     def pair_time(self, a: float, b: float) -> float:
         return a + b - self.overlap * min(a, b)
 

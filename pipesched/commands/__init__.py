@@ -1,0 +1,1 @@
+"""One module per `pipesched` subcommand, each with add_parser(subparsers)."""

@@ -1,0 +1,77 @@
+"""`pipesched simulate`: predict a schedule's timeline, bubbles, overlap and memory."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from schedules.validate import validate
+from simulator.api import simulate
+from simulator.metrics import Metrics, compute_metrics
+from simulator.stochastic import makespan_stats
+
+from ..errors import UsageError
+from ..options import add_cost_args, add_schedule_args, costs_from_args, fmt_bytes, fmt_seconds, schedule_from_args
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="predict a schedule's timeline under a cost model")
+    add_schedule_args(p)
+    add_cost_args(p)
+    p.add_argument("--engine", choices=("des", "exact"), default="des",
+                   help="discrete-event simulation (default) or the exact longest path")
+    p.add_argument("--runs", type=int, help="stochastic mode: this many noisy runs")
+    p.add_argument("--cv", type=float, default=0.1, help="coefficient of variation of op times (default 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the stochastic mode")
+    p.add_argument("--json", action="store_true", help="print metrics as JSON")
+    p.add_argument("--trace", metavar="OUT.json", help="write the predicted Trace")
+    p.set_defaults(handler=run)
+
+
+def summary(metrics: Metrics) -> dict:
+    d = metrics.to_dict()
+    d["critical_path"] = [str_step for str_step in map(str, metrics.critical_path)]
+    return d
+
+
+def print_table(m: Metrics, engine: str, model_stages: int) -> None:
+    print(f"{m.schedule}: {m.ranks} ranks, {m.microbatches} microbatches, {model_stages} model stages ({engine})")
+    print(f"makespan {fmt_seconds(m.makespan)}, bubble {100 * m.bubble_ratio:.2f} %, "
+          f"communication {fmt_seconds(m.comm_time)} ({100 * m.comm_hidden_fraction:.1f} % hidden under compute)")
+    print(f"{'rank':>4}  {'busy':>11}  {'idle':>11}  {'bubble':>7}  {'peak memory':>12}")
+    for r in m.per_rank:
+        print(f"{r.rank:>4}  {fmt_seconds(r.busy):>11}  {fmt_seconds(r.idle):>11}  {100 * r.bubble_ratio:>6.2f}%  "
+              f"{fmt_bytes(r.peak_memory_bytes):>12}")
+    ops = sum(s.kind == "compute" for s in m.critical_path)
+    xfers = len(m.critical_path) - ops
+    busy = sum(s.end - s.start for s in m.critical_path if s.kind == "compute")
+    print(f"critical path: {ops} ops and {xfers} transfers, compute {fmt_seconds(busy)} of "
+          f"{fmt_seconds(m.makespan)}; starts with {m.critical_path[0]}, ends with {m.critical_path[-1]}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.runs is not None and args.runs < 1:
+        raise UsageError(f"--runs must be >= 1, got {args.runs}")
+    if args.cv < 0:
+        raise UsageError(f"--cv must be >= 0, got {args.cv}")
+    costs = costs_from_args(args)
+    schedule = schedule_from_args(args, costs)
+    graph = validate(schedule)
+    trace = simulate(graph, costs, engine=args.engine)
+    metrics = compute_metrics(trace, graph)
+    stats = makespan_stats(graph, costs, args.runs, args.cv, args.seed) if args.runs else None
+    if args.trace:
+        trace.save(args.trace)
+    if args.json:
+        out = summary(metrics)
+        out["model_stages"] = schedule.num_model_stages
+        out["engine"] = args.engine
+        if stats:
+            out["stochastic"] = stats.to_dict()
+        print(json.dumps(out, indent=1))
+        return 0
+    print_table(metrics, args.engine, schedule.num_model_stages)
+    if stats:
+        print(f"stochastic ({stats.runs} runs, cv {stats.cv:g}, seed {stats.seed}): makespan mean "
+              f"{fmt_seconds(stats.mean)}, p50 {fmt_seconds(stats.p50)}, p95 {fmt_seconds(stats.p95)}, "
+              f"max {fmt_seconds(stats.max)}")
+    return 0

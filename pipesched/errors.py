@@ -1,0 +1,13 @@
+"""Errors the CLI reports as one line and exit status 2 (bad input of any kind)."""
+from __future__ import annotations
+
+from schedules.ir import ScheduleError
+from simulator.costs import CostError
+from simulator.trace import TraceError
+
+
+class UsageError(ValueError):
+    """Bad command-line arguments or files that no more specific error covers."""
+
+
+INPUT_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, CostError, TraceError)

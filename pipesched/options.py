@@ -1,0 +1,132 @@
+"""Command-line options shared by several commands: which schedule, which costs."""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from schedules import fileformat, torch_format
+from schedules.ir import Schedule
+from schedules.registry import build
+from simulator import costs as cost_files
+from simulator.costs import CostModel, Link, Network
+
+from .errors import UsageError
+
+
+def add_schedule_args(parser: argparse.ArgumentParser, needs_size: bool = True) -> None:
+    parser.add_argument("schedule", metavar="SCHEDULE|FILE",
+                        help="a built-in name (see `pipesched list`), a schedule file (.json), "
+                             "a torch CSV dump (.csv) or torch:NAME")
+    parser.add_argument("-p", "--ranks", type=int, help="pipeline ranks")
+    parser.add_argument("-m", "--microbatches", type=int, help="microbatches per step")
+    parser.add_argument("-v", "--chunks", type=int, help="chunks (virtual stages) per rank")
+
+
+def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks: int | None,
+                  costs: CostModel | None = None) -> Schedule:
+    """A schedule from a name, torch:NAME, a schedule file or a torch CSV. Built-in
+    schedules that adapt to costs are built for `costs`' op durations."""
+    path = Path(spec)
+    if spec.endswith((".json", ".csv")) or (path.exists() and path.is_file()):
+        schedule = torch_format.read_csv(path) if spec.endswith(".csv") else fileformat.load(path)
+        for flag, asked, have in (("-p", ranks, schedule.ranks), ("-m", microbatches, schedule.microbatches)):
+            if asked is not None and asked != have:
+                raise UsageError(f"{spec} has {have} for {flag}, but {flag} {asked} was given")
+        return schedule
+    if ranks is None or microbatches is None:
+        raise UsageError(f"schedule {spec!r} needs -p RANKS and -m MICROBATCHES")
+    if spec.startswith("torch:"):
+        try:
+            from executor.torch_schedules import torch_schedule
+        except ImportError as exc:
+            raise UsageError(f"{spec} needs torch (pip install 'pipesched[torch]'): {exc}") from None
+        return torch_schedule(spec[len("torch:"):], ranks, microbatches, chunks)
+    op_time = costs.op_time_for(ranks) if costs is not None else None
+    return build(spec, ranks, microbatches, chunks, op_time)
+
+
+def schedule_from_args(args: argparse.Namespace, costs: CostModel | None = None) -> Schedule:
+    return load_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs)
+
+
+def _overlap(text: str) -> float:
+    words = {"serial": 0.0, "perfect": 1.0}
+    if text in words:
+        return words[text]
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected serial, perfect or a number in [0, 1], got {text!r}") from None
+
+
+def add_cost_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("costs (per pipeline stage: one rank's share of the model)")
+    g.add_argument("--costs", metavar="FILE", help="cost file (JSON or TOML, pipesched.costs/1)")
+    g.add_argument("--f", type=float, metavar="T", help="forward time per microbatch, seconds (default 1)")
+    g.add_argument("--b", type=float, metavar="T", help="input-backward time per microbatch, seconds (default 1)")
+    g.add_argument("--w", type=float, metavar="T", help="weight-backward time per microbatch, seconds (default 1)")
+    g.add_argument("--latency", type=float, metavar="S", help="point-to-point latency, seconds")
+    g.add_argument("--bandwidth", type=float, metavar="BYTES_PER_S", help="point-to-point bandwidth")
+    g.add_argument("--activation-bytes", type=float, metavar="N", help="bytes sent per microbatch at each stage boundary")
+    g.add_argument("--activation-memory", type=float, metavar="N",
+                   help="bytes a forward stores per microbatch until its backward")
+    g.add_argument("--weight-memory", type=float, metavar="N", help="part of it kept from B until W")
+    g.add_argument("--param-bytes", type=float, metavar="N", help="parameter (+grad, optimizer) bytes per stage")
+    g.add_argument("--ranks-per-node", type=int, metavar="N", help="ranks per node (default: all on one)")
+    g.add_argument("--inter-latency", type=float, metavar="S", help="latency between nodes, seconds")
+    g.add_argument("--inter-bandwidth", type=float, metavar="BYTES_PER_S", help="bandwidth between nodes")
+    g.add_argument("--overlap", type=_overlap, metavar="X", help="overlapped pairs: serial, perfect or 0..1")
+    g.add_argument("--op-overhead", type=float, metavar="S", help="seconds added to every op")
+    g.add_argument("--no-contention", action="store_true", help="links carry transfers concurrently")
+    g.add_argument("--blocking-sends", action="store_true", help="ranks wait for their sends to finish")
+
+
+def costs_from_args(args: argparse.Namespace) -> CostModel:
+    """The cost file (if any) with every given flag applied on top."""
+    times = {"forward": args.f, "backward_input": args.b, "backward_weight": args.w}
+    if args.costs and any(v is not None for v in times.values()):
+        raise UsageError("give op times either with --f/--b/--w or in --costs FILE, not both")
+    model = cost_files.load(args.costs) if args.costs else CostModel()
+    stage_over = {k: v for k, v in times.items() if v is not None}
+    for flag, name in (("activation_bytes", "activation_bytes"), ("activation_memory", "activation_memory"),
+                       ("weight_memory", "weight_memory"), ("param_bytes", "param_bytes")):
+        if getattr(args, flag) is not None:
+            stage_over[name] = getattr(args, flag)
+    if stage_over:
+        model = replace(model, stages=tuple(replace(s, **stage_over) for s in model.stages),
+                        model_stages=None if model.model_stages is None else
+                        tuple(replace(s, **stage_over) for s in model.model_stages))
+    net = model.network
+    intra = Link(net.intra.latency if args.latency is None else args.latency,
+                 net.intra.bandwidth if args.bandwidth is None else args.bandwidth)
+    inter = net.inter
+    if args.inter_latency is not None or args.inter_bandwidth is not None:
+        base = inter or intra
+        inter = Link(base.latency if args.inter_latency is None else args.inter_latency,
+                     base.bandwidth if args.inter_bandwidth is None else args.inter_bandwidth)
+    network = Network(intra, inter, net.ranks_per_node if args.ranks_per_node is None else args.ranks_per_node)
+    model = replace(model, network=network,
+                    overlap=model.overlap if args.overlap is None else args.overlap,
+                    op_overhead=model.op_overhead if args.op_overhead is None else args.op_overhead,
+                    contention=model.contention and not args.no_contention,
+                    blocking_sends=model.blocking_sends or args.blocking_sends)
+    return model.check()
+
+
+def fmt_seconds(x: float) -> str:
+    """Seconds in the unit that reads best (unit-time costs print as plain seconds)."""
+    if x == 0 or abs(x) >= 1 or not math.isfinite(x):
+        return f"{x:.6g} s"
+    if abs(x) >= 1e-3:
+        return f"{x * 1e3:.4g} ms"
+    return f"{x * 1e6:.4g} us"
+
+
+def fmt_bytes(x: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024:
+            return f"{x:.0f} B" if unit == "B" else f"{x:.4g} {unit}"
+        x /= 1024
+    return f"{x:.4g} TiB"
