@@ -14,12 +14,13 @@ units that `schedules.validate` proves exists.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import networkx as nx
+import numpy as np
 
-from .ir import B, BW, F, W, Overlap, Schedule, Task, unit_tasks
+from .ir import B, BW, F, OPS, W, Overlap, Schedule, Task, unit_tasks
 
 LOCAL, ACTIVATION, GRADIENT = 0, 1, 2
 EDGE_KINDS = ("local", "activation", "gradient")
@@ -48,6 +49,26 @@ class TaskGraph:
     task_inputs: list[list[int]]   # edge ids into each task
     task_outputs: list[list[int]]  # edge ids out of each task
     topo_units: list[int]          # filled by validation; empty until then
+    _columns: dict | None = field(default=None, repr=False)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Per-task and per-edge numpy columns, for vectorised consumers (computed once).
+        Tasks: op (index into OPS), mb, stage, unit, rank, paired; edges: src, dst, kind."""
+        if self._columns is None:
+            op_index = {op: i for i, op in enumerate(OPS)}
+            task_unit = np.asarray(self.task_unit, dtype=np.int64)
+            unit_size = np.asarray([len(m) for m in self.units], dtype=np.int64)
+            edges = np.asarray(self.edges, dtype=np.int64).reshape(-1, 4)
+            self._columns = {
+                "op": np.asarray([op_index[t.op] for t in self.tasks], dtype=np.int8),
+                "mb": np.asarray([t.mb for t in self.tasks], dtype=np.int32),
+                "stage": np.asarray([t.stage for t in self.tasks], dtype=np.int32),
+                "unit": task_unit,
+                "rank": np.asarray(self.unit_rank, dtype=np.int32)[task_unit] if len(task_unit) else np.zeros(0, np.int32),
+                "paired": unit_size[task_unit] == 2 if len(task_unit) else np.zeros(0, bool),
+                "edge_src": edges[:, 0], "edge_dst": edges[:, 1], "edge_kind": edges[:, 2],
+            }
+        return self._columns
 
     @property
     def transfers(self) -> list[int]:
@@ -123,7 +144,8 @@ def build_graph(schedule: Schedule) -> TaskGraph:
 
 def to_networkx(graph: TaskGraph) -> nx.DiGraph:
     """Tasks as nodes; data edges (`kind`: local/activation/gradient) and program-order
-    edges (`kind`: program) between consecutive units of a rank."""
+    edges (`kind`: program) between consecutive units of a rank. A data edge that is
+    also program order keeps its data kind and gets `program=True`."""
     g = nx.DiGraph()
     for i, task in enumerate(graph.tasks):
         g.add_node(task, rank=graph.unit_rank[graph.task_unit[i]], unit=graph.task_unit[i])
@@ -134,7 +156,11 @@ def to_networkx(graph: TaskGraph) -> nx.DiGraph:
         for a, b in zip(ids, ids[1:]):
             for ta in graph.units[a]:
                 for tb in graph.units[b]:
-                    g.add_edge(graph.tasks[ta], graph.tasks[tb], kind="program")
+                    u, v = graph.tasks[ta], graph.tasks[tb]
+                    if g.has_edge(u, v):
+                        g.edges[u, v]["program"] = True
+                    else:
+                        g.add_edge(u, v, kind="program", program=True)
     return g
 
 

@@ -29,16 +29,22 @@ def unit_times(ranks: int) -> OpTime:
     return lambda op, model_stage, num_model_stages: (2.0 if op == BW else 1.0) * ranks / num_model_stages
 
 
+PREFERENCES = ("alternate", "backward", "forward")
+
+
 @dataclass
 class Rule:
     """How a rank picks its next op.
 
     memory_limit(rank): most activations a rank may hold, counted in microbatches'
         worth of one pipeline stage (a chunk of a v-chunk rank counts 1/v), from F to W.
+    prefer: when both a forward and a backward are ready, "alternate" (1F1B),
+        "backward" (drain first) or "forward" (fill first).
     split: B and W separate (zero bubble) or fused BW.
     """
 
     memory_limit: Callable[[int], float]
+    prefer: str = "alternate"
     split: bool = True
 
 
@@ -110,12 +116,14 @@ def play(name: str, ranks: int, microbatches: int, stages: list[VirtualStage], p
 
     def choose(r: int, t: float) -> int | float:
         """A task to run at t, or the next time something may be ready (inf: unknown).
-        Forwards and backwards alternate when both are ready (1F1B); a deferred W
-        fills the time when neither is."""
+        When a forward and a backward are both ready the rule's preference decides; a
+        deferred W fills the time when neither is."""
         f, f_next = pick(r, t, F)
         b, b_next = pick(r, t, bwd)
         if f is not None and b is not None:
-            return b if last_kind[r] == F else f
+            if rule.prefer == "alternate":
+                return b if last_kind[r] == F else f
+            return b if rule.prefer == "backward" else f
         if f is not None or b is not None:
             return f if f is not None else b
         if pending_w[r]:
@@ -166,3 +174,10 @@ def play(name: str, ranks: int, microbatches: int, stages: list[VirtualStage], p
                             f"({limit[stuck[0]]:g} microbatches); raise the limit")
     skeleton.programs = programs  # type: ignore[assignment]
     return skeleton
+
+
+def fastest(candidates: list[Schedule], op_time: OpTime) -> Schedule:
+    """The candidate with the shortest makespan under `op_time` (ties: the first)."""
+    from simulator.exact import makespan_under  # the one exact-timing core
+
+    return min(candidates, key=lambda s: makespan_under(s, op_time))

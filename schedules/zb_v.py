@@ -8,13 +8,14 @@ and its loss is on rank 0. The published order, per rank r:
 For m < 2p-1 the order is built for 2p-1 microbatches and the extra ones dropped.
 Peak activations: p microbatches' worth, as 1F1B. With F = B = W the only idle time is
 the start skew, (p-1)F/2. That order stops being bubble-free when F, B and W differ
-(or m < 2p-1), so the builder then also plays out the greedy zero-bubble rule under
-the given op durations and keeps whichever finishes first.
+(or m < 2p-1), so the builder then also plays out the greedy zero-bubble rule
+(`schedules.greedy`, each of its preferences, same memory limit) under the given op
+durations and keeps whichever order finishes first.
 Constraints: p >= 1, m >= 1 (v is always 2).
 """
 from __future__ import annotations
 
-from .greedy import OpTime, Rule, play, unit_times
+from .greedy import PREFERENCES, OpTime, Rule, fastest, play, unit_times
 from .ir import B, F, W, Schedule, Task, check_positive, uniform_paths, v_stages
 
 
@@ -54,8 +55,6 @@ def published_order(ranks: int, microbatches: int) -> list[list[Task]]:
 
 
 def build_zb_v(ranks: int, microbatches: int, op_time: OpTime | None = None) -> Schedule:
-    from simulator.exact import makespan_under  # the one exact-timing core
-
     check_positive("zb-v", ranks=ranks, microbatches=microbatches)
     stages = v_stages(ranks)
     paths, mb_paths = uniform_paths(stages, microbatches)
@@ -63,7 +62,7 @@ def build_zb_v(ranks: int, microbatches: int, op_time: OpTime | None = None) -> 
                          published_order(ranks, microbatches), {"v": 2})
     if op_time is None and microbatches >= 2 * ranks - 1:
         return published  # already at the start-skew lower bound
-    greedy = play("zb-v", ranks, microbatches, stages, paths, mb_paths,
-                  Rule(memory_limit=lambda r: ranks), op_time, {"v": 2})
-    op_time = op_time or unit_times(ranks)
-    return min((published, greedy), key=lambda s: makespan_under(s, op_time))
+    greedy = [play("zb-v", ranks, microbatches, stages, paths, mb_paths,
+                   Rule(memory_limit=lambda r: ranks, prefer=prefer), op_time, {"v": 2})
+              for prefer in PREFERENCES]
+    return fastest([published, *greedy], op_time or unit_times(ranks))

@@ -3,9 +3,11 @@
 One process per rank walks its program on one compute stream: it waits for the
 inputs of the next unit, computes, then hands each output to its link and moves on
 (asynchronous sends; with blocking sends it waits until the transfer is done).
-Receives are posted ahead, so a transfer starts as soon as its link is free. One
-process per directed link serves transfers one at a time in the order they were sent
-(contention); without contention every transfer gets its own process.
+Receives are posted ahead, so a transfer starts as soon as its link is free. A
+directed link serves transfers one at a time in the order they were sent
+(contention), so a transfer's start is known when it is sent: the link is kept as the
+time it becomes free, and the transfer is one scheduled arrival event rather than a
+process of its own, which keeps large simulations fast.
 
 Semantics match `simulator.exact`, which computes the same timeline as a longest path
 when nothing is shared; the DES is the engine that can also share compute between
@@ -26,6 +28,15 @@ from .timing import Timeline, Timing
 Compute = Callable[[simpy.Environment, int, float], Generator]
 
 
+class Arrival(simpy.Event):
+    """Data arriving at a receiver; scheduled for a known time once it is sent."""
+
+    def at(self, delay: float) -> None:
+        self._ok = True
+        self._value = None
+        self.env.schedule(self, simpy.events.NORMAL, delay)
+
+
 def run_des(graph: TaskGraph, timing: Timing, compute: Compute | None = None) -> Timeline:
     """Simulate the schedule; `compute` replaces the default dedicated compute per rank."""
     env = simpy.Environment()
@@ -34,25 +45,27 @@ def run_des(graph: TaskGraph, timing: Timing, compute: Compute | None = None) ->
     unit_end = [0.0] * n_units
     edge_start = [math.nan] * n_edges
     edge_end = [math.nan] * n_edges
-    arrived = [env.event() if link >= 0 else None for link in timing.edge_link]
-    queues = [simpy.Store(env) for _ in timing.links] if timing.contention else []
+    arrived = [Arrival(env) if link >= 0 else None for link in timing.edge_link]
+    link_free = [0.0] * len(timing.links)
+    edge_link, edge_time = timing.edge_link, timing.edge_time
+    contention, blocking = timing.contention, timing.blocking_sends
 
-    def transfer(e: int) -> Generator:
-        edge_start[e] = env.now
-        yield env.timeout(timing.edge_time[e])
-        edge_end[e] = env.now
-        arrived[e].succeed()
-
-    def link(queue: simpy.Store) -> Generator:
-        while True:
-            e = yield queue.get()
-            yield from transfer(e)
+    def send(e: int) -> Arrival:
+        now = env.now
+        link = edge_link[e]
+        start = max(now, link_free[link]) if contention else now
+        end = start + edge_time[e]
+        link_free[link] = end
+        edge_start[e], edge_end[e] = start, end
+        arrived[e].at(end - now)
+        return arrived[e]
 
     def rank(r: int) -> Generator:
+        inputs, outputs, units = graph.task_inputs, graph.task_outputs, graph.units
         for u in graph.rank_units[r]:
-            members = graph.units[u]
+            members = units[u]
             for t in members:
-                for e in graph.task_inputs[t]:
+                for e in inputs[t]:
                     ev = arrived[e]
                     if ev is not None and not ev.processed:
                         yield ev
@@ -62,24 +75,12 @@ def run_des(graph: TaskGraph, timing: Timing, compute: Compute | None = None) ->
             else:
                 yield env.process(compute(env, r, timing.unit_time[u]))
             unit_end[u] = env.now
-            sent = []
-            for t in members:
-                for e in graph.task_outputs[t]:
-                    link_id = timing.edge_link[e]
-                    if link_id < 0:
-                        continue
-                    if timing.contention:
-                        queues[link_id].put(e)
-                    else:
-                        env.process(transfer(e))
-                    sent.append(arrived[e])
-            if timing.blocking_sends:
+            sent = [send(e) for t in members for e in outputs[t] if edge_link[e] >= 0]
+            if blocking:
                 for ev in sent:
                     if not ev.processed:
                         yield ev
 
-    for q in queues:
-        env.process(link(q))
     for r in range(graph.schedule.ranks):
         env.process(rank(r))
     env.run()

@@ -13,7 +13,7 @@ import numpy as np
 from schedules.graph import GRADIENT, LOCAL, TaskGraph
 from .costs import CostModel, StageCost
 from .memory import memory_samples
-from .trace import COMPUTE, RECV, SEND, Span, Trace
+from .trace import COMPUTE, RECV, SEND, Trace
 
 
 @dataclass
@@ -75,24 +75,28 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
 def to_trace(graph: TaskGraph, timing: Timing, timeline: Timeline, meta: dict | None = None) -> Trace:
     """The simulated Trace of a timeline: compute spans, transfer spans and memory."""
     sched = graph.schedule
-    spans: list[Span] = []
-    task_start = [0.0] * len(graph.tasks)
-    task_end = [0.0] * len(graph.tasks)
-    for u, members in enumerate(graph.units):
-        r, a, b = graph.unit_rank[u], timeline.unit_start[u], timeline.unit_end[u]
-        pair = len(members) == 2
-        for t in members:
-            task = graph.tasks[t]
-            task_start[t], task_end[t] = a, b
-            spans.append(Span(r, COMPUTE, task.op, task.mb, task.stage, a, b, -1, pair))
-    for i, e in enumerate(graph.edges):
-        if e.kind == LOCAL:
-            continue
-        src, dst = graph.edge_ranks(i)
-        task = graph.tasks[e.src]
-        a, b = timeline.edge_start[i], timeline.edge_end[i]
-        spans.append(Span(src, SEND, task.op, task.mb, task.stage, a, b, dst, False))
-        spans.append(Span(dst, RECV, task.op, task.mb, task.stage, a, b, src, False))
-    memory = memory_samples(graph, timing.stage_costs, task_start, task_end)
-    return Trace.from_spans(sched.name, sched.ranks, sched.microbatches, "simulated", spans,
-                            memory, meta)
+    col = graph.columns()
+    unit_start, unit_end = np.asarray(timeline.unit_start), np.asarray(timeline.unit_end)
+    task_start, task_end = unit_start[col["unit"]], unit_end[col["unit"]]
+    xfer = np.flatnonzero(col["edge_kind"] != LOCAL)
+    src = col["edge_src"][xfer]
+    sender, receiver = col["rank"][src], col["rank"][col["edge_dst"][xfer]]
+    a, b = np.asarray(timeline.edge_start)[xfer], np.asarray(timeline.edge_end)[xfer]
+    n, k = len(task_start), len(xfer)
+
+    def cat(compute, send, recv):
+        return np.concatenate((compute, send, recv))
+
+    trace = Trace(
+        sched.name, sched.ranks, sched.microbatches, "simulated",
+        rank=cat(col["rank"], sender, receiver).astype(np.int32),
+        lane=cat(np.full(n, COMPUTE), np.full(k, SEND), np.full(k, RECV)).astype(np.int8),
+        op=cat(col["op"], col["op"][src], col["op"][src]),
+        mb=cat(col["mb"], col["mb"][src], col["mb"][src]),
+        stage=cat(col["stage"], col["stage"][src], col["stage"][src]),
+        start=cat(task_start, a, a), end=cat(task_end, b, b),
+        peer=cat(np.full(n, -1), receiver, sender).astype(np.int32),
+        overlapped=cat(col["paired"], np.zeros(k, bool), np.zeros(k, bool)),
+        memory=memory_samples(graph, timing.stage_costs, list(task_start), list(task_end)),
+        meta=dict(meta or {}))
+    return trace

@@ -1,0 +1,93 @@
+"""The pipesched command line for schedules and simulation: outputs and exit codes."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipesched.cli import main
+from schedules import fileformat
+from schedules.registry import BUILDERS, build
+
+
+def cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list_names_every_schedule_and_its_constraints(capsys):
+    code, out, _ = cli(capsys, "list")
+    assert code == 0
+    for name in BUILDERS:
+        assert name in out
+    assert "p even, m even" in out
+
+
+def test_show_prints_a_grid_and_json_round_trips(capsys, tmp_path):
+    code, out, _ = cli(capsys, "show", "zb-v", "-p", "2", "-m", "3")
+    assert code == 0 and "rank 1" in out and "W2@2" in out
+    code, out, _ = cli(capsys, "show", "dualpipe", "-p", "4", "-m", "8", "--json")
+    assert fileformat.loads(out) == build("dualpipe", 4, 8)
+    path = tmp_path / "mine.json"
+    path.write_text(out)
+    code, out2, _ = cli(capsys, "show", str(path))
+    assert code == 0 and "dualpipe" in out2
+
+
+def test_simulate_json_has_the_documented_fields(capsys):
+    code, out, _ = cli(capsys, "simulate", "1f1b", "-p", "4", "-m", "8", "--f", "1", "--b", "1", "--w", "1", "--json")
+    data = json.loads(out)
+    for key in ("schedule", "ranks", "microbatches", "makespan", "bubble_ratio", "per_rank", "comm_time",
+                "comm_hidden_fraction", "critical_path"):
+        assert key in data
+    assert data["makespan"] == 33
+    assert set(data["per_rank"][0]) >= {"rank", "busy", "idle", "bubble_ratio", "peak_memory_bytes"}
+
+
+def test_simulate_a_file_with_costs_and_stochastic_runs(capsys, tmp_path):
+    fileformat.save(build("zb-h1", 2, 4), tmp_path / "s.json")
+    (tmp_path / "c.toml").write_text('format = "pipesched.costs/1"\n[stage]\nforward = 0.001\n'
+                                     'backward_input = 0.002\nbackward_weight = 0.001\n')
+    code, out, _ = cli(capsys, "simulate", str(tmp_path / "s.json"), "--costs", str(tmp_path / "c.toml"),
+                       "--runs", "20", "--cv", "0.1", "--json", "--trace", str(tmp_path / "t.json"))
+    data = json.loads(out)
+    assert code == 0 and data["stochastic"]["runs"] == 20
+    assert data["stochastic"]["p95"] >= data["stochastic"]["p50"]
+    assert json.loads((tmp_path / "t.json").read_text())["format"] == "pipesched.trace/1"
+    code, out, _ = cli(capsys, "simulate", str(tmp_path / "s.json"), "--costs", str(tmp_path / "c.toml"))
+    assert "makespan" in out and "critical path" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["simulate", "nope", "-p", "2", "-m", "2"], "unknown schedule 'nope'"),
+    (["simulate", "dualpipe", "-p", "3", "-m", "6"], "even number of ranks, got 3"),
+    (["simulate", "1f1b", "-p", "2"], "needs -p RANKS and -m MICROBATCHES"),
+    (["simulate", "1f1b", "-p", "two", "-m", "2"], "invalid int value"),
+    (["simulate", "1f1b", "-p", "2", "-m", "2", "--f", "-1"], "forward must be finite and >= 0"),
+    (["simulate", "1f1b", "-p", "2", "-m", "2", "--bandwidth", "0"], "bandwidth must be > 0"),
+    (["simulate", "1f1b", "-p", "2", "-m", "2", "--costs", "/no/such.json"], "cannot read cost file"),
+    (["simulate", "1f1b", "-p", "2", "-m", "2", "--runs", "0"], "--runs must be >= 1"),
+    (["simulate", "/no/such.json"], "cannot read schedule file"),
+    (["show", "zb-v", "-p", "2", "-m", "4", "-v", "3"], "2 chunks per rank"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+    code, out, err = cli(capsys, *args)
+    assert code == 2
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_files_are_one_line_and_exit_2(capsys, tmp_path):
+    (tmp_path / "bad.json").write_text('{"format": "pipesched.schedule/1"}')
+    code, _, err = cli(capsys, "show", str(tmp_path / "bad.json"))
+    assert code == 2 and "lacks 'name'" in err
+    (tmp_path / "costs.json").write_text('{"stage": [1, 2]}')
+    code, _, err = cli(capsys, "simulate", "1f1b", "-p", "2", "-m", "2", "--costs", str(tmp_path / "costs.json"))
+    assert code == 2 and "stage must be an object" in err
+
+
+def test_the_console_script_runs_as_a_module():
+    done = subprocess.run([sys.executable, "-m", "pipesched", "simulate", "gpipe", "-p", "2", "-m", "2", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and json.loads(done.stdout)["makespan"] == 9

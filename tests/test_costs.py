@@ -1,0 +1,101 @@
+"""Cost files and the per-model-stage scaling rule."""
+import json
+import math
+
+import pytest
+
+from simulator import costs as cost_files
+from simulator.costs import CostError, CostModel, StageCost, uniform
+
+
+def test_json_and_toml_cost_files_give_the_same_model(tmp_path):
+    doc = {"format": "pipesched.costs/1", "stage": {"forward": 2e-3, "backward_input": 3e-3,
+                                                    "backward_weight": 1e-3, "activation_bytes": 4096},
+           "network": {"latency": 1e-5, "bandwidth": 1e10, "ranks_per_node": 2,
+                       "inter_node": {"latency": 5e-5, "bandwidth": 1e9}},
+           "overlap": "perfect"}
+    (tmp_path / "c.json").write_text(json.dumps(doc))
+    (tmp_path / "c.toml").write_text('''format = "pipesched.costs/1"
+overlap = "perfect"
+[stage]
+forward = 2e-3
+backward_input = 3e-3
+backward_weight = 1e-3
+activation_bytes = 4096
+[network]
+latency = 1e-5
+bandwidth = 1e10
+ranks_per_node = 2
+[network.inter_node]
+latency = 5e-5
+bandwidth = 1e9
+''')
+    a, b = cost_files.load(tmp_path / "c.json"), cost_files.load(tmp_path / "c.toml")
+    assert a == b
+    assert a.overlap == 1.0 and a.network.link(0, 1).bandwidth == 1e10 and a.network.link(1, 2).bandwidth == 1e9
+
+
+def test_cost_files_round_trip(tmp_path):
+    model = CostModel(stages=(StageCost(1, 2, 3, activation_bytes=10, activation_memory=5, weight_memory=2),
+                              StageCost(4, 5, 6, param_bytes=7)), overlap=0.25, blocking_sends=True)
+    cost_files.save(model, tmp_path / "m.json")
+    assert cost_files.load(tmp_path / "m.json") == model
+
+
+def test_stage_costs_scale_with_the_number_of_model_stages():
+    model = CostModel(stages=(StageCost(forward=4, backward_input=8, backward_weight=2, activation_bytes=100,
+                                        activation_memory=40, param_bytes=1000),) * 2)
+    per_model = model.model_stage_costs(ranks=2, num_model_stages=4)  # v = 2
+    assert [s.forward for s in per_model] == [2, 2, 2, 2]
+    assert per_model[0].op_time("BW") == 5
+    assert per_model[0].activation_bytes == 100  # boundary sizes do not shrink
+    assert per_model[0].activation_memory == 20 and per_model[0].param_bytes == 500
+
+
+def test_explicit_model_stage_costs_win_when_the_count_matches():
+    own = tuple(StageCost(forward=k + 1) for k in range(4))
+    model = CostModel(stages=(StageCost(),), model_stages=own)
+    assert [s.forward for s in model.model_stage_costs(2, 4)] == [1, 2, 3, 4]
+    assert [s.forward for s in model.model_stage_costs(2, 2)] == [1, 1]  # other S: the stage rule
+
+
+@pytest.mark.parametrize("doc,message", [
+    ({"stage": {"forward": -1}}, "stage.forward must be finite and >= 0"),
+    ({"stage": {"forward": "fast"}}, "stage.forward must be a number"),
+    ({"stage": {"forward": math.inf}}, "stage.forward must be finite"),
+    ({"stage": {"speed": 1}}, "unknown field 'speed'"),
+    ({"network": {"bandwidth": 0}}, "network.bandwidth must be > 0"),
+    ({"network": {"latency": -1e-6}}, "network.latency must be finite and >= 0"),
+    ({"overlap": 2}, "overlap must be between 0"),
+    ({"overlap": "some"}, "overlap must be 'serial', 'perfect'"),
+    ({"stages": []}, "stages must be a non-empty list"),
+    ({"format": "other/1"}, "format is 'other/1'"),
+    ({"stage": {"activation_memory": 1, "weight_memory": 2}}, "weight_memory .* exceeds activation_memory"),
+    ({"network": {"ranks_per_node": 0}}, "ranks_per_node must be an integer >= 1"),
+    ({"contention": "yes"}, "contention must be true or false"),
+])
+def test_bad_cost_documents_name_the_field(doc, message):
+    with pytest.raises(CostError, match=message):
+        cost_files.from_dict({"format": "pipesched.costs/1", **doc})
+
+
+def test_unreadable_cost_files(tmp_path):
+    with pytest.raises(CostError, match="cannot read cost file"):
+        cost_files.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(CostError, match="not valid JSON"):
+        cost_files.load(tmp_path / "bad.json")
+    (tmp_path / "bad.toml").write_text("= =")
+    with pytest.raises(CostError, match="not valid TOML"):
+        cost_files.load(tmp_path / "bad.toml")
+
+
+def test_stage_count_must_match_the_ranks():
+    with pytest.raises(CostError, match="gives 3 pipeline stages but the schedule has 2 ranks"):
+        CostModel(stages=(StageCost(),) * 3).model_stage_costs(2, 2)
+
+
+def test_pair_time_interpolates_between_serial_and_perfect():
+    assert uniform(overlap=0.0).pair_time(1, 2) == 3
+    assert uniform(overlap=1.0).pair_time(1, 2) == 2
+    assert uniform(overlap=0.5).pair_time(1, 2) == 2.5

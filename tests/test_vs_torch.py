@@ -1,0 +1,52 @@
+"""No built-in schedule is slower than torch.distributed.pipelining's of the same name."""
+import pytest
+
+from schedules.ir import ScheduleError
+from schedules.registry import build
+from simulator.costs import Link, Network, uniform
+
+from helpers import makespan
+
+pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
+from executor.torch_schedules import torch_schedule  # noqa: E402
+
+PAIRS = [("gpipe", "GPipe", None), ("1f1b", "1F1B", None), ("interleaved-1f1b", "Interleaved1F1B", 2),
+         ("interleaved-1f1b", "Interleaved1F1B", 3), ("looped-bfs", "LoopedBFS", 2),
+         ("zb-v", "ZBVZeroBubble", None), ("dualpipev", "DualPipeV", None)]
+COSTS = {
+    "1,1,1": uniform(1, 1, 1),
+    "1,2,1": uniform(1, 2, 1),
+    "2,3,1": uniform(2, 3, 1),
+    "1,1,1+comm": uniform(1, 1, 1, activation_bytes=1e6, network=Network(Link(0.2, 1e7))),
+}
+
+
+def cases():
+    for ours, theirs, v in PAIRS:
+        for p in (2, 3, 4, 6):
+            for m in sorted({p, 2 * p, 2 * p + 1, 4 * p, 3}):
+                yield ours, theirs, v, p, m
+
+
+@pytest.mark.parametrize("ours,theirs,v,p,m", list(cases()))
+def test_not_slower_than_torch(ours, theirs, v, p, m):
+    try:
+        reference = torch_schedule(theirs, p, m, v)
+    except ScheduleError:
+        pytest.skip(f"torch refuses {theirs} p={p} m={m}")
+    for label, costs in COSTS.items():
+        mine = build(ours, p, m, v, op_time=costs.op_time_for(p))
+        assert makespan(mine, costs) <= makespan(reference, costs) + 1e-9, label
+
+
+def test_torch_orders_import_as_valid_graphs():
+    # torch's 2.13 reference facts (shared/reference.md), through our evaluator
+    assert makespan(torch_schedule("GPipe", 4, 8)) == 33
+    assert makespan(torch_schedule("Interleaved1F1B", 4, 8, 2)) == 28.5
+    assert makespan(torch_schedule("DualPipeV", 4, 8)) == 27
+    assert makespan(torch_schedule("ZBVZeroBubble", 4, 16), uniform(2, 3, 1)) == 102.0
+
+
+def test_unknown_torch_schedule():
+    with pytest.raises(ScheduleError, match="unknown torch schedule"):
+        torch_schedule("Nope", 2, 4)
