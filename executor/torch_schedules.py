@@ -52,5 +52,7 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None 
     schedule = from_rows(rows, f"torch:{canonical}")
     schedule.params = {"v": chunks}
     if schedule.microbatches != microbatches:
-        raise ScheduleError(f"torch:{canonical} ran {schedule.microbatches} microbatches, asked for {microbatches}")
+        # e.g. torch 2.13's Schedule1F1B._get_pipeline_order runs F1..Fm on its last rank
+        raise ScheduleError(f"torch:{canonical}'s action list for p={ranks} m={microbatches} is malformed "
+                            f"(it names microbatches up to {schedule.microbatches - 1})")
     return schedule

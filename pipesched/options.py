@@ -10,7 +10,7 @@ from schedules import fileformat, torch_format
 from schedules.ir import Schedule
 from schedules.registry import build
 from simulator import costs as cost_files
-from simulator.costs import CostModel, Link, Network
+from simulator.costs import CostModel, HostSharing, Link, Network
 
 from .errors import UsageError
 
@@ -80,6 +80,10 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--overlap", type=_overlap, metavar="X", help="overlapped pairs: serial, perfect or 0..1")
     g.add_argument("--op-overhead", type=float, metavar="S", help="seconds added to every op")
     g.add_argument("--no-contention", action="store_true", help="links carry transfers concurrently")
+    g.add_argument("--shared-compute", type=float, metavar="C",
+                   help="ranks share C processors (cores; 1 for one GPU), processor sharing")
+    g.add_argument("--rank-demand", type=float, metavar="T", help="cores a computing rank uses (default 1)")
+    g.add_argument("--wait-demand", type=float, metavar="W", help="cores a rank uses while it waits (default 0)")
     g.add_argument("--blocking-sends", action="store_true", help="ranks wait for their sends to finish")
 
 
@@ -107,7 +111,15 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
         inter = Link(base.latency if args.inter_latency is None else args.inter_latency,
                      base.bandwidth if args.inter_bandwidth is None else args.inter_bandwidth)
     network = Network(intra, inter, net.ranks_per_node if args.ranks_per_node is None else args.ranks_per_node)
-    model = replace(model, network=network,
+    host = model.host
+    if args.shared_compute is not None:
+        host = HostSharing(args.shared_compute)
+    if host is not None and (args.rank_demand is not None or args.wait_demand is not None):
+        host = replace(host, **{k: v for k, v in (("compute_demand", args.rank_demand),
+                                                   ("wait_demand", args.wait_demand)) if v is not None})
+    elif args.rank_demand is not None or args.wait_demand is not None:
+        raise UsageError("--rank-demand and --wait-demand need --shared-compute (or host in the cost file)")
+    model = replace(model, network=network, host=host,
                     overlap=model.overlap if args.overlap is None else args.overlap,
                     op_overhead=model.op_overhead if args.op_overhead is None else args.op_overhead,
                     contention=model.contention and not args.no_contention,

@@ -130,10 +130,13 @@ def topological_units(graph: TaskGraph) -> tuple[list[int], list[tuple[int, int]
     return order, [(u, v) for u in range(n) if u not in done for v in succ[u] if v not in done]
 
 
-def describe_cycle(graph: TaskGraph, residual: list[tuple[int, int]]) -> str:
-    cycle = nx.find_cycle(nx.DiGraph(residual))
-    return " -> ".join(f"rank {graph.unit_rank[u]}: {unit_label(graph, u)}" for u, _ in cycle) + \
-        f" -> rank {graph.unit_rank[cycle[0][0]]}: {unit_label(graph, cycle[0][0])}"
+def describe_cycle(graph: TaskGraph, residual: list[tuple[int, int]], limit: int = 16) -> str:
+    """The cycle as 'rank r: op' steps, back to its start; long cycles are elided."""
+    cycle = [u for u, _ in nx.find_cycle(nx.DiGraph(residual))]
+    steps = [f"rank {graph.unit_rank[u]}: {unit_label(graph, u)}" for u in cycle + cycle[:1]]
+    if len(steps) > limit:
+        steps = steps[:limit - 2] + [f"... ({len(steps) - limit + 1} more)", steps[-1]]
+    return " -> ".join(steps)
 
 
 def validate(schedule: Schedule) -> TaskGraph:

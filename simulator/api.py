@@ -6,6 +6,7 @@ from schedules.ir import Schedule
 from schedules.validate import validate
 
 from .costs import CostModel
+from .des import run_des
 from .exact import longest_path
 from .timing import resolve, to_trace
 from .trace import Trace
@@ -15,17 +16,22 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "de
     """Predict the timeline of `schedule` under `costs`.
 
     engine "des" runs the discrete-event simulation (simulator.des); "exact" computes
-    the longest path (simulator.exact), which needs deterministic costs and no shared
-    compute. Both give the same Trace for the same inputs.
+    the longest path (simulator.exact), which cannot share compute between ranks
+    (`costs.host`). Both give the same Trace for the same inputs.
+    options: noise_cv and rng (see simulator.timing.resolve).
     """
     graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
     timing = resolve(graph, costs, **{k: v for k, v in options.items() if k in ("noise_cv", "rng")})
     if engine == "exact":
+        if costs.host is not None:
+            raise ValueError("the exact engine cannot model ranks sharing compute; use the DES")
         timeline = longest_path(graph, timing)
     elif engine == "des":
-        from .des import run_des
-        timeline = run_des(graph, timing)
+        timeline = run_des(graph, timing, costs.host)
     else:
         raise ValueError(f"unknown engine {engine!r}; engines are des, exact")
     meta = {"engine": engine}
+    if costs.host is not None:
+        meta["shared_compute"] = {"capacity": costs.host.capacity, "compute_demand": costs.host.compute_demand,
+                                  "wait_demand": costs.host.wait_demand}
     return to_trace(graph, timing, timeline, meta)

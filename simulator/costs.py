@@ -131,6 +131,26 @@ class Network:
 
 
 @dataclass(frozen=True)
+class HostSharing:
+    """Ranks sharing compute (see simulator.sharing): `capacity` cores, or 1 for one GPU
+    shared by time slicing; a computing rank asks for `compute_demand` cores, a rank
+    waiting for data for `wait_demand` (a polling communication library)."""
+
+    capacity: float
+    compute_demand: float = 1.0
+    wait_demand: float = 0.0
+
+    def check(self) -> "HostSharing":
+        for name in ("capacity", "compute_demand", "wait_demand"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise CostError(f"host.{name} must be a finite number >= 0, got {value!r}")
+        if self.capacity <= 0 or self.compute_demand <= 0:
+            raise CostError(f"host.capacity and host.compute_demand must be > 0, got {self.capacity}, {self.compute_demand}")
+        return self
+
+
+@dataclass(frozen=True)
 class CostModel:
     """Everything the simulator needs to time a schedule.
 
@@ -141,6 +161,7 @@ class CostModel:
     contention: a directed link carries one transfer at a time (FIFO).
     blocking_sends: a rank waits for its sends to complete before its next op.
     op_overhead: seconds added to every compute op (launch and bookkeeping).
+    host: ranks share compute (None: every rank has its own).
     """
 
     stages: tuple[StageCost, ...] = (StageCost(),)
@@ -150,6 +171,7 @@ class CostModel:
     contention: bool = True
     blocking_sends: bool = False
     op_overhead: float = 0.0
+    host: HostSharing | None = None
     meta: dict = field(default_factory=dict, compare=False)
 
     def check(self) -> "CostModel":
@@ -165,6 +187,8 @@ class CostModel:
                 or not math.isfinite(self.op_overhead) or self.op_overhead < 0:
             raise CostError(f"op_overhead must be finite and >= 0, got {self.op_overhead!r}")
         self.network.check()
+        if self.host is not None:
+            self.host.check()
         return self
 
     def model_stage_costs(self, ranks: int, num_model_stages: int) -> list[StageCost]:
@@ -237,7 +261,7 @@ def from_dict(data: Any) -> CostModel:
     if fmt != FORMAT:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
-               "blocking_sends", "op_overhead", "meta"}
+               "blocking_sends", "op_overhead", "host", "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -275,9 +299,17 @@ def from_dict(data: Any) -> CostModel:
     meta = data.get("meta", {})
     if not isinstance(meta, dict):
         raise CostError("meta must be an object")
+    host = data.get("host")
+    if host is not None:
+        if not isinstance(host, dict) or "capacity" not in host:
+            raise CostError("host must be an object with capacity (and compute_demand, wait_demand)")
+        unknown = sorted(set(host) - {"capacity", "compute_demand", "wait_demand"})
+        if unknown:
+            raise CostError(f"host has unknown field {unknown[0]!r}; fields are capacity, compute_demand, wait_demand")
+        host = HostSharing(**host)
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
-                     op_overhead=data.get("op_overhead", 0.0), meta=meta).check()
+                     op_overhead=data.get("op_overhead", 0.0), host=host, meta=meta).check()
 
 
 def to_dict(model: CostModel) -> dict:
@@ -301,6 +333,9 @@ def to_dict(model: CostModel) -> dict:
         doc["model_stages"] = [stage(s) for s in model.model_stages]
     doc.update(overlap=model.overlap, network=net, contention=model.contention,
                blocking_sends=model.blocking_sends, op_overhead=model.op_overhead)
+    if model.host is not None:
+        doc["host"] = {"capacity": model.host.capacity, "compute_demand": model.host.compute_demand,
+                       "wait_demand": model.host.wait_demand}
     if model.meta:
         doc["meta"] = model.meta
     return doc

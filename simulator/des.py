@@ -11,21 +11,20 @@ process of its own, which keeps large simulations fast.
 
 Semantics match `simulator.exact`, which computes the same timeline as a longest path
 when nothing is shared; the DES is the engine that can also share compute between
-ranks (`simulator.sharing`) and takes per-op noise.
+ranks (`simulator.sharing`).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Generator
+from typing import Generator
 
 import simpy
 
 from schedules.graph import TaskGraph
 
+from .costs import HostSharing
+from .sharing import DONE, SharedHost
 from .timing import Timeline, Timing
-
-# compute(env, rank, seconds) -> a simpy process that ends when the op is done
-Compute = Callable[[simpy.Environment, int, float], Generator]
 
 
 class Arrival(simpy.Event):
@@ -37,9 +36,10 @@ class Arrival(simpy.Event):
         self.env.schedule(self, simpy.events.NORMAL, delay)
 
 
-def run_des(graph: TaskGraph, timing: Timing, compute: Compute | None = None) -> Timeline:
-    """Simulate the schedule; `compute` replaces the default dedicated compute per rank."""
+def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None) -> Timeline:
+    """Simulate the schedule; with `sharing`, the ranks share one host's compute."""
     env = simpy.Environment()
+    host = SharedHost(env, graph.schedule.ranks, sharing) if sharing is not None else None
     n_units, n_edges = len(graph.units), len(graph.edges)
     unit_start = [0.0] * n_units
     unit_end = [0.0] * n_units
@@ -70,16 +70,18 @@ def run_des(graph: TaskGraph, timing: Timing, compute: Compute | None = None) ->
                     if ev is not None and not ev.processed:
                         yield ev
             unit_start[u] = env.now
-            if compute is None:
+            if host is None:
                 yield env.timeout(timing.unit_time[u])
             else:
-                yield env.process(compute(env, r, timing.unit_time[u]))
+                yield host.compute(r, timing.unit_time[u])
             unit_end[u] = env.now
             sent = [send(e) for t in members for e in outputs[t] if edge_link[e] >= 0]
             if blocking:
                 for ev in sent:
                     if not ev.processed:
                         yield ev
+        if host is not None:
+            host.set_state(r, DONE)
 
     for r in range(graph.schedule.ranks):
         env.process(rank(r))

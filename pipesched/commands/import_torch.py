@@ -1,0 +1,37 @@
+"""`pipesched import-torch`: a torch.distributed.pipelining schedule as a schedule file."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from schedules import fileformat
+from schedules.validate import validate
+
+from ..errors import UsageError
+from ..options import load_schedule
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("import-torch", help="convert a torch.distributed.pipelining schedule (class name or CSV dump)")
+    p.add_argument("source", metavar="NAME|FILE.csv",
+                   help="torch class name (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+                        "ZBVZeroBubble, DualPipeV) or a CSV written by torch's _dump_csv")
+    p.add_argument("-p", "--ranks", type=int, help="pipeline ranks (class names)")
+    p.add_argument("-m", "--microbatches", type=int, help="microbatches (class names)")
+    p.add_argument("-v", "--chunks", type=int, help="stages per rank (multi-stage classes, default 2)")
+    p.add_argument("-o", "--output", metavar="FILE.json", help="schedule file to write (default: stdout)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    source = args.source if args.source.endswith(".csv") else f"torch:{args.source.removeprefix('torch:')}"
+    schedule = load_schedule(source, args.ranks, args.microbatches, args.chunks)
+    validate(schedule)
+    if args.output:
+        if not args.output.endswith(".json"):
+            raise UsageError(f"-o must name a .json schedule file, got {args.output!r}")
+        fileformat.save(schedule, args.output)
+        print(f"wrote {args.output}: {schedule.name}, {schedule.ranks} ranks, {schedule.microbatches} microbatches")
+    else:
+        sys.stdout.write(fileformat.dumps(schedule))
+    return 0
