@@ -15,10 +15,14 @@ from simulator.costs import CostModel, HostSharing, Link, Network
 from .errors import UsageError
 
 
-def add_schedule_args(parser: argparse.ArgumentParser, needs_size: bool = True) -> None:
-    parser.add_argument("schedule", metavar="SCHEDULE|FILE",
-                        help="a built-in name (see `pipesched list`), a schedule file (.json), "
-                             "a torch CSV dump (.csv) or torch:NAME")
+SCHEDULE_HELP = ("a built-in name (see `pipesched list`), a schedule file (.json), "
+                 "a torch CSV dump (.csv) or torch:NAME")
+
+
+def add_schedule_args(parser: argparse.ArgumentParser, metavar: str = "SCHEDULE|FILE",
+                      help: str = SCHEDULE_HELP) -> None:
+    """The schedule positional (stored as `schedule`) and -p/-m/-v."""
+    parser.add_argument("schedule", metavar=metavar, help=help)
     parser.add_argument("-p", "--ranks", type=int, help="pipeline ranks")
     parser.add_argument("-m", "--microbatches", type=int, help="microbatches per step")
     parser.add_argument("-v", "--chunks", type=int, help="chunks (virtual stages) per rank")

@@ -91,3 +91,21 @@ def test_the_console_script_runs_as_a_module():
     done = subprocess.run([sys.executable, "-m", "pipesched", "simulate", "gpipe", "-p", "2", "-m", "2", "--json"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and json.loads(done.stdout)["makespan"] == 9
+
+
+def test_import_and_export_torch(capsys, tmp_path):
+    pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
+    out = tmp_path / "zbv.json"
+    code, _, _ = cli(capsys, "import-torch", "ZBVZeroBubble", "-p", "2", "-m", "4", "-o", str(out))
+    assert code == 0 and fileformat.load(out).name == "torch:ZBVZeroBubble"
+    code, text, _ = cli(capsys, "simulate", "torch:Interleaved1F1B", "-p", "4", "-m", "8", "--json")
+    assert json.loads(text)["makespan"] == 28.5
+    csv_path = tmp_path / "zbh2.csv"
+    code, _, _ = cli(capsys, "export-torch", "zb-h2", "-p", "2", "-m", "3", "-o", str(csv_path))
+    assert code == 0 and csv_path.read_text().splitlines()[0].startswith("0F0,")
+    code, text, _ = cli(capsys, "import-torch", str(csv_path))
+    assert fileformat.loads(text).programs == build("zb-h2", 2, 3).programs
+    code, _, err = cli(capsys, "export-torch", "dualpipe", "-p", "2", "-m", "4")
+    assert code == 2 and "more than one rank" in err
+    code, _, err = cli(capsys, "import-torch", "Nope", "-p", "2", "-m", "4")
+    assert code == 2 and "unknown torch schedule" in err

@@ -8,23 +8,19 @@ from schedules import fileformat
 from schedules.validate import validate
 
 from ..errors import UsageError
-from ..options import load_schedule
+from ..options import add_schedule_args, load_schedule
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("import-torch", help="convert a torch.distributed.pipelining schedule (class name or CSV dump)")
-    p.add_argument("source", metavar="NAME|FILE.csv",
-                   help="torch class name (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
-                        "ZBVZeroBubble, DualPipeV) or a CSV written by torch's _dump_csv")
-    p.add_argument("-p", "--ranks", type=int, help="pipeline ranks (class names)")
-    p.add_argument("-m", "--microbatches", type=int, help="microbatches (class names)")
-    p.add_argument("-v", "--chunks", type=int, help="stages per rank (multi-stage classes, default 2)")
+    add_schedule_args(p, "NAME|FILE.csv", "torch class name (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
+                      "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) or a CSV written by torch's _dump_csv")
     p.add_argument("-o", "--output", metavar="FILE.json", help="schedule file to write (default: stdout)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    source = args.source if args.source.endswith(".csv") else f"torch:{args.source.removeprefix('torch:')}"
+    source = args.schedule if args.schedule.endswith(".csv") else f"torch:{args.schedule.removeprefix('torch:')}"
     schedule = load_schedule(source, args.ranks, args.microbatches, args.chunks)
     validate(schedule)
     if args.output:
