@@ -10,7 +10,7 @@ from __future__ import annotations
 import networkx as nx
 
 from .graph import TaskGraph, build_graph, unit_label
-from .ir import B, BW, F, OPS, W, Overlap, Schedule, ScheduleError, Task, unit_tasks
+from .ir import B, BW, F, OPS, W, Overlap, Schedule, ScheduleError, unit_tasks
 
 
 def _is_count(value: object) -> bool:

@@ -12,6 +12,7 @@ both keyed by the producing op (op, mb, stage) and naming the other rank in `pee
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -102,6 +103,19 @@ class Trace:
                      self.lane, self.op, self.mb, self.stage, self.start + offset,
                      self.end + offset, self.peer, self.overlapped,
                      [(t + offset, b) for t, b in self.memory], dict(self.meta))
+
+    def transfer_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Indices (sends, recvs) of the spans of each transfer: a send and its receive share
+        the producing op's key and the (sender, receiver) pair; repeats pair up in time order."""
+        by_key: dict[tuple, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for lane, side in ((SEND, 0), (RECV, 1)):
+            for i in np.flatnonzero(self.lane == lane):
+                r, peer = int(self.rank[i]), int(self.peer[i])
+                link = (r, peer) if lane == SEND else (peer, r)
+                by_key[(int(self.op[i]), int(self.mb[i]), int(self.stage[i]), *link)][side].append(int(i))
+        pairs = [(s, r) for out, inc in by_key.values()
+                 for s, r in zip(sorted(out, key=lambda i: self.start[i]), sorted(inc, key=lambda i: self.start[i]))]
+        return np.array([s for s, _ in pairs], dtype=int), np.array([r for _, r in pairs], dtype=int)
 
     # --- JSON -------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed of the stochastic mode")
     p.add_argument("--json", action="store_true", help="print metrics as JSON")
     p.add_argument("--trace", metavar="OUT.json", help="write the predicted Trace")
+    p.add_argument("--plot", metavar="OUT.png|svg", help="draw the predicted timeline (with memory)")
+    p.add_argument("--perfetto", metavar="OUT.json", help="write the timeline for ui.perfetto.dev / chrome://tracing")
     p.set_defaults(handler=run)
 
 
@@ -53,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--runs must be >= 1, got {args.runs}")
     if args.cv < 0:
         raise UsageError(f"--cv must be >= 0, got {args.cv}")
+    if args.plot:
+        from ..plots.style import check_output  # matplotlib only when drawing
+        check_output(args.plot)
     costs = costs_from_args(args)
+    if costs.host is not None and args.engine == "exact":
+        raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (the default)")
     schedule = schedule_from_args(args, costs)
     graph = validate(schedule)
     trace = simulate(graph, costs, engine=args.engine)
@@ -61,6 +68,12 @@ def run(args: argparse.Namespace) -> int:
     stats = makespan_stats(graph, costs, args.runs, args.cv, args.seed) if args.runs else None
     if args.trace:
         trace.save(args.trace)
+    if args.perfetto:
+        from .plot import write_perfetto
+        write_perfetto(trace, args.perfetto)
+    if args.plot:
+        from ..plots.timeline import plot_timeline
+        plot_timeline(trace, args.plot)
     if args.json:
         out = summary(metrics)
         out["model_stages"] = schedule.num_model_stages

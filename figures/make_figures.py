@@ -1,0 +1,125 @@
+"""Regenerate the README's figures: `python figures/make_figures.py` (from anywhere).
+
+Uses only pipesched's public API and command line. Writes into this folder:
+  schedules.png  every built-in schedule at p=4, m=8, on one time axis;
+  dualpipe.png   DualPipe at p=4, m=8 in full: transfers and memory per rank;
+  sweep.png      bubble and peak memory against m for every schedule at p=4, and
+                 makespan against peak memory at m=32 (the Pareto front);
+  measured.png   predicted vs measured: ZB-H1 run by the executor on this machine (CPU,
+                 gloo, one core per rank, so p=2 on two cores) against the simulation
+                 under its median measured op and transfer times; only where the executor
+                 can run (`pipesched run` and torch), otherwise a note says why not.
+All figures share one cost model (COSTS below), typical of a transformer stage.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from pipesched.plots.compare import plot_compare
+from pipesched.plots.gallery import plot_gallery
+from schedules.ir import OPS
+from schedules.registry import BUILDERS, build
+from simulator.api import simulate
+from simulator.costs import Link, Network, uniform
+from simulator.trace import COMPUTE, SEND, Trace
+
+HERE = Path(__file__).resolve().parent
+P, M = 4, 8
+# per pipeline stage: F 10 ms, B 10 ms, W 8 ms; 64 MiB activations over 25 GB/s + 20 us
+# (2.7 ms a transfer); 2 GiB of parameters and optimizer state; 1 GiB of activations per
+# microbatch, 40 % of which W still needs after B
+COST_FLAGS = ["--f", "0.010", "--b", "0.010", "--w", "0.008", "--latency", "20e-6", "--bandwidth", "25e9",
+              "--activation-bytes", str(64 * 2**20), "--activation-memory", str(2**30),
+              "--weight-memory", str(0.4 * 2**30), "--param-bytes", str(2 * 2**30)]
+COSTS = uniform(0.010, 0.010, 0.008, activation_bytes=64 * 2**20, activation_memory=2**30,
+                weight_memory=0.4 * 2**30, param_bytes=2 * 2**30, network=Network(Link(20e-6, 25e9)))
+MEASURED_SCHEDULE = "zb-h1"
+# one core per rank, so that the prediction (which assumes dedicated ranks) is a fair one
+MEASURED_P = max(2, min(P, os.cpu_count() or 1))
+
+
+def cli(*args: str) -> None:
+    """Run `pipesched ARGS` (the installed command line, as a user would)."""
+    subprocess.run([sys.executable, "-m", "pipesched", *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def schedules() -> Path:
+    traces = [simulate(build(name, P, M, op_time=COSTS.op_time_for(P)), COSTS) for name in BUILDERS]
+    out = HERE / "schedules.png"
+    plot_gallery(traces, out, title=f"every built-in schedule at p={P}, m={M} on one time axis "
+                                    "(F 10 ms, B 10 ms, W 8 ms per stage; transfers 2.7 ms)")
+    return out
+
+
+def dualpipe() -> Path:
+    out = HERE / "dualpipe.png"
+    cli("simulate", "dualpipe", "-p", str(P), "-m", str(M), *COST_FLAGS, "--plot", str(out))
+    return out
+
+
+def sweep() -> Path:
+    out = HERE / "sweep.png"
+    cli("sweep", "-p", str(P), "--microbatches", "4,8,16,32,64", *COST_FLAGS, "--pareto-m", "32", "--plot", str(out))
+    return out
+
+
+def executor_missing() -> str | None:
+    """Why the executor cannot produce a measured trace here, or None if it can."""
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed (pip install 'pipesched[torch]')"
+    if importlib.util.find_spec("pipesched.commands.run") is None:
+        return "the executor has no `pipesched run` command yet"
+    return None
+
+
+def costs_of(measured: Trace):
+    """A uniform cost model from a measured trace: median op and transfer durations."""
+    comp, sends = measured.lane == COMPUTE, measured.lane == SEND
+    dur = measured.end - measured.start
+
+    def median(op: str) -> float:
+        mine = comp & (measured.op == OPS.index(op))
+        return float(np.median(dur[mine])) if mine.any() else 0.0
+
+    latency = float(np.median(dur[sends])) if sends.any() else 0.0
+    return uniform(median("F"), median("B"), median("W"), network=Network(Link(latency)))
+
+
+def measured() -> Path | None:
+    reason = executor_missing()
+    if reason:
+        print(f"skipped measured.png: {reason}; rerun this script once the executor runs here")
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_path = Path(tmp) / "measured.json"
+        run = subprocess.run([sys.executable, "-m", "pipesched", "run", MEASURED_SCHEDULE, "-p", str(MEASURED_P),
+                              "-m", str(M),
+                              "--trace", str(trace_path)], capture_output=True, text=True)
+        if run.returncode != 0:
+            last = (run.stderr.strip().splitlines() or ["no message"])[-1]
+            print(f"skipped measured.png: `pipesched run` failed: {last}")
+            return None
+        real = Trace.load(trace_path)
+    predicted = simulate(build(MEASURED_SCHEDULE, MEASURED_P, M), costs_of(real))
+    out = HERE / "measured.png"
+    plot_compare(predicted, real, out)
+    return out
+
+
+def main() -> int:
+    for make in (schedules, dualpipe, sweep, measured):
+        out = make()
+        if out is not None:
+            print(f"wrote {out.relative_to(HERE.parent)} ({out.stat().st_size // 1024} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

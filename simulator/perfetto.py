@@ -1,0 +1,125 @@
+"""Any Trace as a Chrome trace-event JSON document, for ui.perfetto.dev and chrome://tracing.
+
+One process per rank with a compute thread and a thread per link for sends and for
+receives; every span is a complete ("X") event with its real duration; a flow ("s" ->
+"f") links each send to its receive; memory is a counter track per rank. Trace-event
+times are microseconds, so seconds are multiplied by 1e6. Only the JSON object format
+of the trace-event spec is used, which both viewers read. No matplotlib, no torch.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schedules.ir import OPS
+
+from .trace import COMPUTE, RECV, SEND, Trace
+
+US = 1e6  # trace-event timestamps are microseconds
+TRANSFER_CAT = "transfer"  # slices and flow events share it: viewers bind a flow by (cat, pid, tid, ts)
+
+
+def _us(seconds: float, offset: float) -> float:
+    # rounded to nanoseconds so a flow event's ts equals its slice's ts exactly
+    return round((seconds + offset) * US, 3)
+
+
+def _slots(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A slot per interval such that intervals in one slot never overlap: viewers need
+    the slices of a thread properly nested, and concurrent transfers or an overlapped
+    pair would not be."""
+    slot = np.zeros(len(starts), dtype=int)
+    free_at: list[float] = []
+    for i in np.lexsort((ends, starts)):
+        k = next((k for k, t in enumerate(free_at) if t <= starts[i]), len(free_at))
+        if k == len(free_at):
+            free_at.append(0.0)
+        free_at[k] = float(ends[i])
+        slot[i] = k
+    return slot
+
+
+def _threads(trace: Trace) -> tuple[np.ndarray, dict[int, list[tuple[int, str]]]]:
+    """tid of every span, and per rank the (tid, name) of its threads in display order."""
+    tid = np.zeros(len(trace), dtype=int)
+    names: dict[int, list[tuple[int, str]]] = {}
+    for r in range(trace.ranks):
+        groups: list[tuple[str, np.ndarray]] = [("compute", np.flatnonzero(trace.mask(COMPUTE, r)))]
+        for lane, word, arrow in ((SEND, "send", "to"), (RECV, "recv", "from")):
+            on = trace.mask(lane, r)
+            for peer in np.unique(trace.peer[on]):
+                groups.append((f"{word} {arrow} rank {peer}", np.flatnonzero(on & (trace.peer == peer))))
+        names[r] = []
+        for name, idx in groups:
+            slot = _slots(trace.start[idx], trace.end[idx]) if len(idx) else np.zeros(0, dtype=int)
+            base = len(names[r])
+            for k in range(int(slot.max()) + 1 if len(slot) else 1):
+                names[r].append((base + k, name if k == 0 else f"{name} ({k + 1})"))
+            tid[idx] = base + slot
+    return tid, names
+
+
+def to_chrome_trace(trace: Trace) -> dict[str, Any]:
+    """The trace-event document of `trace` (a dict ready for json.dump).
+
+    Threads per rank: "compute" (and "compute (2)" for the second op of overlapped
+    pairs), "send to rank q" and "recv from rank q" per peer (more where transfers on
+    one link run concurrently). Times are shifted so that none is negative; the shift
+    (seconds) is kept in otherData.offset_s.
+    """
+    times = [trace.start] + [t for t, _ in trace.memory if len(t)]
+    earliest = min((float(np.min(t)) for t in times if len(t)), default=0.0)
+    offset = -min(earliest, 0.0)
+    tids, threads = _threads(trace)
+    events: list[dict[str, Any]] = []
+    for r in range(trace.ranks):
+        events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
+        for tid, name in threads[r]:
+            events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": tid, "args": {"sort_index": tid}})
+
+    for i in range(len(trace)):
+        r, lane, op = int(trace.rank[i]), int(trace.lane[i]), OPS[trace.op[i]]
+        mb, stage, peer = int(trace.mb[i]), int(trace.stage[i]), int(trace.peer[i])
+        args: dict[str, Any] = {"op": op, "mb": mb, "stage": stage}
+        if lane == COMPUTE:
+            name, cat = f"{op}{mb}", op
+            if trace.overlapped[i]:
+                args["overlapped"] = True
+        else:
+            name, cat = f"{op}{mb}@{stage} {'->' if lane == SEND else '<-'} rank {peer}", TRANSFER_CAT
+            args["peer"] = peer
+        events.append({"ph": "X", "name": name, "cat": cat, "pid": r, "tid": int(tids[i]),
+                       "ts": _us(float(trace.start[i]), offset),
+                       "dur": round(float(trace.end[i] - trace.start[i]) * US, 3), "args": args})
+
+    first = len(events) - len(trace)  # span i is events[first + i]
+    flows = []
+    for flow_id, (s, f) in enumerate(zip(*trace.transfer_pairs()), start=1):
+        for ev, ph in ((events[first + s], "s"), (events[first + f], "f")):
+            flow = {"ph": ph, "name": "transfer", "cat": TRANSFER_CAT, "id": flow_id,
+                    "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"]}
+            if ph == "f":
+                flow["bp"] = "e"  # bind to the recv slice that starts at ts, not the next one
+            flows.append(flow)
+    events.extend(flows)
+
+    for r, (times_s, nbytes) in enumerate(trace.memory):
+        for t, b in zip(times_s, nbytes):
+            events.append({"ph": "C", "name": "memory", "pid": r, "tid": 0, "ts": _us(float(t), offset),
+                           "args": {"bytes": float(b)}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"schedule": trace.schedule, "ranks": trace.ranks,
+                          "microbatches": trace.microbatches, "source": trace.source,
+                          "time_unit": "us", "offset_s": offset,
+                          **{f"meta.{k}": v for k, v in trace.meta.items()
+                             if isinstance(v, (str, int, float, bool))}}}
+
+
+def save_chrome_trace(trace: Trace, path: str | Path) -> None:
+    """Write `trace` as trace-event JSON (open it in ui.perfetto.dev or chrome://tracing)."""
+    Path(path).write_text(json.dumps(to_chrome_trace(trace), separators=(",", ":")) + "\n")
