@@ -9,8 +9,13 @@ import contextlib
 import io
 import logging
 
+from typing import TYPE_CHECKING
+
 from schedules.ir import Schedule, ScheduleError
 from schedules.torch_format import from_rows
+
+if TYPE_CHECKING:
+    from simulator.costs import CostModel
 
 # torch's class names; lookups are case-insensitive like torch's own get_schedule_class
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -56,3 +61,35 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None 
         raise ScheduleError(f"torch:{canonical}'s action list for p={ranks} m={microbatches} is malformed "
                             f"(it names microbatches up to {schedule.microbatches - 1})")
     return schedule
+
+
+# schedules both projects have: (ours, torch's class, chunks per rank)
+SAME_NAME = (("gpipe", "GPipe", None), ("1f1b", "1F1B", None), ("interleaved-1f1b", "Interleaved1F1B", 2),
+             ("looped-bfs", "LoopedBFS", 2), ("zb-v", "ZBVZeroBubble", None), ("dualpipev", "DualPipeV", None))
+
+
+def compare_with_torch(ranks: int, microbatches: int, costs: "CostModel") -> list[dict]:
+    """For every schedule both projects have: our makespan and fullest-rank peak memory
+    against torch's order of the same name, both in our simulator under `costs` (ours
+    built for those costs). Rows where torch cannot produce the schedule say why."""
+    from schedules.registry import build
+    from schedules.validate import validate
+    from simulator.api import simulate
+    from simulator.metrics import compute_metrics
+
+    def measure(schedule: Schedule) -> tuple[float, float]:
+        m = compute_metrics(simulate(validate(schedule), costs, engine="exact"))
+        return m.makespan, max(r.peak_memory_bytes for r in m.per_rank)
+
+    rows = []
+    for ours, theirs, v in SAME_NAME:
+        row = {"schedule": ours, "torch": theirs, "p": ranks, "m": microbatches, "v": v}
+        try:
+            reference = torch_schedule(theirs, ranks, microbatches, v)
+        except ScheduleError as exc:
+            rows.append({**row, "refused": str(exc)})
+            continue
+        mine = build(ours, ranks, microbatches, v, op_time=costs.op_time_for(ranks))
+        (ms, mem), (ts, tmem) = measure(mine), measure(reference)
+        rows.append({**row, "makespan": ms, "torch_makespan": ts, "peak_memory": mem, "torch_peak_memory": tmem})
+    return rows

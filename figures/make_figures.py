@@ -5,6 +5,9 @@ Uses only pipesched's public API and command line. Writes into this folder:
   dualpipe.png   DualPipe at p=4, m=8 in full: transfers and memory per rank;
   sweep.png      bubble and peak memory against m for every schedule at p=4, and
                  makespan against peak memory at m=32 (the Pareto front);
+  vs_torch.png   our schedules against torch.distributed.pipelining's of the same name,
+                 both in our simulator, at p=4, m=16 under F,B,W = 1,1,1 / 1,2,1 / 2,3,1
+                 (only where torch is installed);
   measured.png   predicted vs measured: ZB-H1 run by the executor on this machine (CPU,
                  gloo, one core per rank, so p=2 on two cores) against the simulation
                  under its median measured op and transfer times; only where the executor
@@ -70,6 +73,19 @@ def sweep() -> Path:
     return out
 
 
+def vs_torch() -> Path | None:
+    if importlib.util.find_spec("torch") is None:
+        print("skipped vs_torch.png: torch is not installed")
+        return None
+    from executor.torch_schedules import compare_with_torch
+    from pipesched.plots.vs_torch import plot_vs_torch
+
+    rows = [{**row, "costs": list(fbw)} for fbw in ((1, 1, 1), (1, 2, 1), (2, 3, 1))
+            for row in compare_with_torch(4, 16, uniform(*fbw, activation_memory=1.0))]
+    return plot_vs_torch(rows, HERE / "vs_torch.png", "pipesched vs torch.distributed.pipelining 2.13 "
+                         "(p=4, m=16; both orders in pipesched's simulator)")
+
+
 def executor_missing() -> str | None:
     """Why the executor cannot produce a measured trace here, or None if it can."""
     if importlib.util.find_spec("torch") is None:
@@ -114,7 +130,7 @@ def measured() -> Path | None:
 
 
 def main() -> int:
-    for make in (schedules, dualpipe, sweep, measured):
+    for make in (schedules, dualpipe, sweep, vs_torch, measured):
         out = make()
         if out is not None:
             print(f"wrote {out.relative_to(HERE.parent)} ({out.stat().st_size // 1024} KiB)")

@@ -50,3 +50,17 @@ def test_torch_orders_import_as_valid_graphs():
 def test_unknown_torch_schedule():
     with pytest.raises(ScheduleError, match="unknown torch schedule"):
         torch_schedule("Nope", 2, 4)
+
+
+def test_side_by_side_rows_and_chart(tmp_path):
+    from executor.torch_schedules import SAME_NAME, compare_with_torch
+    from pipesched.plots.vs_torch import plot_vs_torch
+
+    rows = [{**r, "costs": [2, 3, 1]} for r in compare_with_torch(4, 16, uniform(2, 3, 1, activation_memory=1.0))]
+    assert [r["schedule"] for r in rows] == [ours for ours, _, _ in SAME_NAME]
+    measured = [r for r in rows if "refused" not in r]
+    assert all(r["makespan"] <= r["torch_makespan"] and r["peak_memory"] <= r["torch_peak_memory"] for r in measured)
+    assert next(r for r in rows if r["schedule"] == "zb-v")["makespan"] < 102.0
+    assert "malformed" in next(r for r in rows if r["schedule"] == "1f1b")["refused"]
+    out = plot_vs_torch(rows, tmp_path / "vs.png", "test")
+    assert out.stat().st_size > 0
