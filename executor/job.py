@@ -1,0 +1,227 @@
+"""One executor run inside a rank: build, warm up, measure, gather, check.
+
+`run_schedule(ctx, schedule, model, options)` is called by every rank of an initialised
+process group (from `launch_local`, `run_here` or a test's own job); rank 0 returns a
+`RunResult` with the measured Trace of the last step, the others None.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from schedules.graph import TaskGraph
+from schedules.ir import Schedule
+from schedules.validate import validate
+from simulator.metrics import Metrics, compute_metrics
+from simulator.trace import COMPUTE, RECV, SEND, Span, Trace
+
+from . import reference, replicas
+from .clock import clock_offset
+from .launch import RankContext, check_backend, launch_local, run_here, under_torchrun
+from .models import ExampleModel, PipelineModel, TensorSpec, check_model
+from .runtime import RankRuntime, RankStep
+
+MEMORY_COUNTED = ("bytes of tensors saved for backward (saved-tensor hooks) and of the gradients a split B "
+                  "keeps for W, plus receive, send and hand-over buffers; one count per storage; parameters "
+                  "and transient temporaries excluded")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    steps: int = 1
+    warmup: int = 0
+    timeout: float = 300.0       # seconds, every wait
+    check: bool = True           # compare with the unpipelined reference
+    lookahead: int = 2           # gloo: receives posted this many units ahead (< 0: all at the start)
+    clock_ping: bool = False     # estimate clock offsets even on one host
+
+
+@dataclass
+class RunResult:
+    trace: Trace                 # the last measured step
+    metrics: Metrics
+    step_times: list[float]      # seconds per measured step (first start to last end over ranks)
+    backend: str
+    check: reference.Check | None
+    per_rank: list[dict] = field(default_factory=list)
+
+    @property
+    def step_time_median(self) -> float:
+        return statistics.median(self.step_times)
+
+    def summary(self) -> dict:
+        """The `pipesched run --json` document."""
+        m, t = self.metrics, self.trace
+        out = {"schedule": t.schedule, "backend": self.backend, "ranks": t.ranks, "microbatches": t.microbatches,
+               "model_stages": t.meta["model_stages"], "model": t.meta["model"], "steps": len(self.step_times),
+               "step_time_median": self.step_time_median, "step_times": self.step_times,
+               "makespan": m.makespan, "bubble_ratio": m.bubble_ratio,
+               "comm_time": m.comm_time, "comm_hidden_fraction": m.comm_hidden_fraction,
+               "op_time_mean": t.meta["op_time_mean"], "per_rank": self.per_rank,
+               "max_grad_rel_error": None, "loss_matches_reference": None}
+        if self.check is not None:
+            out.update(self.check.to_dict())
+        return out
+
+
+def prepare(schedule: Schedule, model: PipelineModel | ExampleModel, backend: str = "gloo") -> TaskGraph:
+    """Everything that can be checked before a process starts: the graph (ScheduleError),
+    the backend on this host (ValueError) and the model against the schedule (ModelError)."""
+    graph = validate(schedule)
+    check_backend(backend, 1 if under_torchrun() else schedule.ranks)
+    if isinstance(model, ExampleModel):
+        model = model.check().build(schedule.num_model_stages, schedule.microbatches)
+    check_model(model, schedule.num_model_stages, schedule.microbatches)
+    return graph
+
+
+def start(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),
+          backend: str = "gloo") -> RunResult | None:
+    """Run a prepared schedule: one local process per rank, or this process's rank under
+    torchrun. Rank 0 gets the RunResult (None elsewhere); a failing rank raises
+    ExecutorError (locally) or exits 1 (under torchrun)."""
+    if under_torchrun():
+        return run_here(run_schedule, (schedule, model, options), backend, options.timeout)
+    return launch_local(run_schedule, (schedule, model, options), schedule.ranks, backend, options.timeout)
+
+
+def launch(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),
+           backend: str = "gloo") -> RunResult | None:
+    """`prepare`, then `start`: the library's entry point for running your own modules."""
+    prepare(schedule, model, backend)
+    return start(schedule, model, options, backend)
+
+
+def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
+                 options: RunOptions = RunOptions()) -> RunResult | None:
+    """Run `options.warmup + options.steps` steps of `schedule` on this rank."""
+    graph = validate(schedule)
+    if schedule.ranks != ctx.world:
+        raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks, the process group {ctx.world}")
+    built = model.build(schedule.num_model_stages, schedule.microbatches) if isinstance(model, ExampleModel) else model
+    specs = check_model(built, schedule.num_model_stages, schedule.microbatches)
+    offset = clock_offset(ctx.rank, ctx.world, options.clock_ping, ctx.device if ctx.backend == "nccl" else None)
+    runtime = RankRuntime(graph, ctx.rank, built, specs, ctx.backend, ctx.device, options.timeout, options.lookahead)
+    try:
+        records: list[RankStep] = []
+        for _ in range(options.warmup + options.steps):
+            dist.barrier()
+            records.append(runtime.step())
+        records = records[options.warmup:]
+    finally:
+        runtime.close()
+    report = RankReport(offset, [(r.start - offset, r.end - offset) for r in records], records[-1],
+                        statistics.median(_overhead_per_op(r) for r in records),
+                        sum(p.numel() * p.element_size() for sm in runtime.modules.values() for p in sm.params))
+    if options.check:  # every holder's copy, so that rank 0 can also check the replicas agree
+        report.grads = {k: [None if p.grad is None else p.grad.detach().cpu() for p in sm.module.parameters()
+                            if p.requires_grad] for k, sm in runtime.modules.items()}
+    if ctx.device.type == "cuda":
+        report.cuda_max_memory_allocated = torch.cuda.max_memory_allocated(ctx.device)
+    gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
+    dist.gather_object(report, gathered, dst=0)
+    if ctx.rank != 0:
+        return None
+    description = repr(model) if isinstance(model, ExampleModel) else _describe_model(built)
+    return _result(graph, built, specs, ctx, options, gathered, description)
+
+
+@dataclass
+class RankReport:
+    """What a rank sends rank 0 after its steps (seconds on rank 0's clock)."""
+
+    offset: float                        # this rank's clock offset
+    bounds: list[tuple[float, float]]    # (start, end) of each measured step
+    last: RankStep                       # the last step in full
+    overhead_per_op: float               # median over steps of host time outside ops and waits, per op
+    param_bytes: int
+    grads: dict[int, list] | None = None  # model stage -> gradients, when checking
+    cuda_max_memory_allocated: int | None = None
+
+
+def _overhead_per_op(step: RankStep) -> float:
+    return (step.end - step.start - step.host_op_time - step.host_wait_time) / max(1, len(step.compute))
+
+
+def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx: RankContext,
+            options: RunOptions, reports: list[RankReport], description: str) -> RunResult:
+    sched = graph.schedule
+    steps = len(reports[0].bounds)
+    step_times = [max(r.bounds[i][1] for r in reports) - min(r.bounds[i][0] for r in reports) for i in range(steps)]
+    trace = measured_trace(graph, [(r.offset, r.last) for r in reports])
+    trace.meta.update({
+        "backend": ctx.backend, "model_stages": sched.num_model_stages, "model": description,
+        "step_times": step_times, "clock_offsets": [r.offset for r in reports],
+        "activation_bytes": [s.nbytes for s in specs], "memory_counted": MEMORY_COUNTED,
+        "param_bytes": [r.param_bytes for r in reports],
+        "overhead_per_op": [r.overhead_per_op for r in reports],
+    })
+    if ctx.device.type == "cuda":
+        trace.meta["cuda_max_memory_allocated"] = [r.cuda_max_memory_allocated for r in reports]
+    metrics = compute_metrics(trace, graph)
+    check = None
+    if options.check:
+        holders = replicas.holders(sched)
+        grads = {k: reports[ranks[0]].grads[k] for k, ranks in holders.items()}
+        identical = all(_same(reports[r].grads[k], grads[k]) for k, ranks in holders.items() for r in ranks)
+        losses = {mb: v for r in reports for mb, v in r.last.losses.items()}
+        loss = 0.0
+        for mb in sorted(losses):  # in microbatch order, as the reference adds them
+            loss += losses[mb]
+        check = reference.compare(model, loss, grads, identical)
+    per_rank = [{"rank": r, "busy": rm.busy, "idle": rm.idle, "bubble_ratio": rm.bubble_ratio,
+                 "peak_memory_bytes": rm.peak_memory_bytes, "ops": len(rep.last.compute),
+                 "overhead_per_op": rep.overhead_per_op, "wait_time": rep.last.host_wait_time}
+                for r, (rm, rep) in enumerate(zip(metrics.per_rank, reports))]
+    return RunResult(trace, metrics, step_times, ctx.backend, check, per_rank)
+
+
+def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Trace:
+    """The Trace of one step from every rank's (clock offset, record); times in seconds
+    from the earliest op start over ranks."""
+    sched = graph.schedule
+    t0 = min(start - offset for offset, rec in steps for _, start, _ in rec.compute)
+    spans: list[Span] = []
+    memory = []
+    op_times: dict[tuple[str, int], list[float]] = {}
+    forward_bytes: dict[int, list[int]] = {}
+    kept_bytes: dict[int, list[int]] = {}
+    for offset, rec in steps:
+        shift = offset + t0
+        for t, start, end in rec.compute:
+            task = graph.tasks[t]
+            paired = len(graph.units[graph.task_unit[t]]) > 1
+            spans.append(Span(rec.rank, COMPUTE, task.op, task.mb, task.stage, start - shift, end - shift, -1, paired))
+            op_times.setdefault((task.op, sched.stages[task.stage].model_stage), []).append(end - start)
+        for lane, e, peer, start, end in rec.transfers:
+            src = graph.tasks[graph.edges[e].src]
+            spans.append(Span(rec.rank, SEND if lane == "send" else RECV, src.op, src.mb, src.stage,
+                              start - shift, end - shift, peer))
+        times, levels = rec.memory
+        memory.append(([x - shift for x in times], levels))
+        for k, v in rec.forward_bytes.items():
+            forward_bytes.setdefault(k, []).extend(v)
+        for k, v in rec.kept_bytes.items():
+            kept_bytes.setdefault(k, []).extend(v)
+    meta = {
+        "op_time_mean": {f"{op}@{k}": statistics.fmean(v) for (op, k), v in sorted(op_times.items())},
+        "activation_memory": {str(k): statistics.fmean(v) for k, v in sorted(forward_bytes.items())},
+        "weight_memory": {str(k): statistics.fmean(v) for k, v in sorted(kept_bytes.items())},
+    }
+    return Trace.from_spans(sched.name, sched.ranks, sched.microbatches, "measured", spans, memory, meta)
+
+
+def _same(a: list, b: list) -> bool:
+    """Bitwise equal gradient lists (None and None agree)."""
+    return all((x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+               for x, y in zip(a, b))
+
+
+def _describe_model(model: PipelineModel) -> str:
+    params = sum(p.numel() for m in model.stages for p in m.parameters())
+    x = model.inputs[0]
+    return (f"{len(model.stages)} stages, {params} parameters, microbatch {tuple(x.shape)} "
+            f"{str(x.dtype).replace('torch.', '')}")

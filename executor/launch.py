@@ -1,0 +1,213 @@
+"""Starting the ranks: local processes, or this process under torchrun.
+
+`launch_local` spawns one process per rank (rendezvous through a file in a temporary
+directory), watches them, and when one exits non-zero kills the others (SIGTERM, then
+SIGKILL) and raises `ExecutorError` with the first error a rank reported; it returns
+only after every process has been reaped. Under `torchrun` (env:// rendezvous, any
+number of nodes) `run_here` runs this process's rank; torchrun stops the others.
+
+Each rank gets `cores // ranks on this host` intra-op threads (at least 1) and one
+inter-op thread, so ranks do not oversubscribe the cores.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .comm import ExecutorError
+
+BACKENDS = ("gloo", "nccl", "gloo-cuda")
+KILL_GRACE_S = 2.0
+ERROR_GRACE_S = 1.0  # after a first error, how long to wait for the others' reports
+CONSEQUENCES = ("Connection closed by peer", "Connection reset", "lost rank", "Broken pipe")
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    backend: str          # gloo, nccl or gloo-cuda
+    device: torch.device
+    timeout: float        # seconds
+
+
+def check_backend(backend: str, local_world: int) -> None:
+    """Raise ValueError unless `backend` can run `local_world` ranks on this host."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; backends are {', '.join(BACKENDS)}")
+    if backend == "gloo":
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"backend {backend} needs CUDA, and this machine has no usable GPU")
+    if backend == "nccl" and torch.cuda.device_count() < local_world:
+        raise ValueError(f"backend nccl needs one GPU per rank: {local_world} ranks, "
+                         f"{torch.cuda.device_count()} GPUs (gloo-cuda shares GPUs between ranks)")
+
+
+def rank_device(backend: str, local_rank: int) -> torch.device:
+    if backend == "gloo":
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def threads_per_rank(local_world: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_world))
+
+
+def configure_threads(local_world: int) -> None:
+    torch.set_num_threads(threads_per_rank(local_world))
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or inter-op work already ran in this process
+        pass
+
+
+def _init(ctx: RankContext, init_method: str) -> None:
+    dist.init_process_group("nccl" if ctx.backend == "nccl" else "gloo", init_method=init_method,
+                            rank=ctx.rank, world_size=ctx.world, timeout=timedelta(seconds=ctx.timeout))
+
+
+def _describe(rank: int, exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, ExecutorError) or text.startswith(f"rank {rank}"):
+        return text
+    return f"rank {rank}: {type(exc).__name__}: {text}"
+
+
+def _child(rank: int, world: int, backend: str, timeout: float, init_method: str,
+           job: Callable[..., Any], args: tuple, report) -> None:
+    """One rank: send ("ok", value) or ("error", message) through `report`, once."""
+    try:
+        configure_threads(world)
+        ctx = RankContext(rank, world, rank, world, backend, rank_device(backend, rank), timeout)
+        _init(ctx, init_method)
+        value = job(ctx, *args)
+        report.send(("ok", value if rank == 0 else None))
+        dist.destroy_process_group()
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        if os.environ.get("PIPESCHED_DEBUG"):
+            traceback.print_exc()
+        report.send(("error", _describe(rank, exc)))
+        sys.stderr.flush()
+        # waiter threads may still block in gloo; do not let interpreter shutdown join them
+        os._exit(1)
+
+
+def launch_local(job: Callable[..., Any], args: tuple, ranks: int, backend: str = "gloo",
+                 timeout: float = 300.0) -> Any:
+    """Run `job(ctx, *args)` on `ranks` local processes; return rank 0's value.
+
+    `job` and `args` must be picklable (module-level functions, plain data)."""
+    check_backend(backend, ranks)
+    context = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="pipesched-") as tmp:
+        init_method = f"file://{Path(tmp) / 'rendezvous'}"
+        pipes = [context.Pipe(duplex=False) for _ in range(ranks)]
+        procs = [context.Process(target=_child, name=f"pipesched-rank{r}", daemon=True,
+                                 args=(r, ranks, backend, timeout, init_method, job, args, pipes[r][1]))
+                 for r in range(ranks)]
+        try:
+            for p in procs:
+                p.start()
+            for _, send_end in pipes:
+                send_end.close()  # so a dead child reads as end-of-file
+            return _supervise(procs, [r for r, _ in pipes])
+        finally:
+            _stop(procs)
+
+
+def _supervise(procs: list, readers: list) -> Any:
+    """Collect each rank's report; on a failure raise with the root cause."""
+    reports: dict[int, tuple[str, Any]] = {}
+    open_readers = dict(enumerate(readers))
+    failed_at = None
+    while open_readers:
+        wait = 1.0 if failed_at is None else max(0.0, failed_at + ERROR_GRACE_S - time.monotonic())
+        ready = mp.connection.wait(list(open_readers.values()), timeout=wait)
+        for rank, reader in list(open_readers.items()):
+            if reader not in ready:
+                continue
+            try:
+                reports[rank] = reader.recv()
+            except EOFError:
+                reports[rank] = ("error", f"rank {rank} exited with status {_exit_code(procs[rank])} "
+                                          "without reporting")
+            del open_readers[rank]
+            if reports[rank][0] == "error" and failed_at is None:
+                failed_at = time.monotonic()
+        if failed_at is not None and (not ready or time.monotonic() >= failed_at + ERROR_GRACE_S):
+            break
+    errors = [msg for status, msg in reports.values() if status == "error"]
+    if errors:
+        # a rank that lost its peer reports the loss; the peer's own error is the cause
+        causes = [m for m in errors if not any(s in m for s in CONSEQUENCES)]
+        raise ExecutorError((causes or errors)[0])
+    for p in procs:
+        p.join(10 * KILL_GRACE_S)
+    bad = next((r for r, p in enumerate(procs) if p.exitcode not in (0, None)), None)
+    if bad is not None:
+        raise ExecutorError(f"rank {bad} exited with status {procs[bad].exitcode} after finishing")
+    return reports[0][1]
+
+
+def _exit_code(proc) -> int | None:
+    proc.join(KILL_GRACE_S)
+    return proc.exitcode
+
+
+def _stop(procs: list) -> None:
+    """Terminate and reap every process still running."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(KILL_GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank started by torchrun (env:// rendezvous)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(
+        k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"))
+
+
+def run_here(job: Callable[..., Any], args: tuple, backend: str = "gloo", timeout: float = 300.0) -> Any:
+    """Run this process's rank under torchrun; return the job's value (None off rank 0).
+    A failure prints one line naming the rank and exits 1 at once (torchrun then stops
+    the other ranks)."""
+    env = os.environ
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", 0))
+    local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+    try:
+        check_backend(backend, local_world)
+        configure_threads(local_world)
+        ctx = RankContext(rank, world, local_rank, local_world, backend, rank_device(backend, local_rank), timeout)
+        _init(ctx, "env://")
+        value = job(ctx, *args)
+        dist.destroy_process_group()
+        return value
+    except BaseException as exc:  # noqa: BLE001
+        if os.environ.get("PIPESCHED_DEBUG"):
+            traceback.print_exc()
+        print(f"pipesched: error: {_describe(rank, exc)}", file=sys.stderr, flush=True)
+        os._exit(1)

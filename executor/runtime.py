@@ -1,0 +1,221 @@
+"""One rank walking its program of a validated task graph, for one step at a time.
+
+Every input of a task is an edge of the graph: a remote edge is a receive (posted ahead,
+see `Posting`), a local edge a hand-over in `self.local` (the forward state to its
+backward, B's kept state to W, or a tensor at a V turn). Outputs go the same way:
+right after an op, each remote out-edge is sent and each local one stored. Nothing is
+derived from the schedule except through `TaskGraph`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from schedules.graph import ACTIVATION, LOCAL, TaskGraph
+from schedules.ir import B, BW, F, W, Task
+
+from . import replicas
+from .clock import CpuTimer, CudaTimer, now
+from .comm import GlooTransport, NcclTransport, Transfer
+from .memory import MemoryLedger
+from .models import PipelineModel, TensorSpec
+from .stage import StageModule, held_bytes
+
+
+@dataclass
+class RankStep:
+    """What one rank measured in one step (host clock seconds; picklable)."""
+
+    rank: int
+    start: float
+    end: float
+    compute: list[tuple[int, float, float]]            # (task id, start, end)
+    transfers: list[tuple[str, int, int, float, float]]  # (lane, edge, peer, start, end)
+    memory: tuple[list[float], list[int]]
+    losses: dict[int, float]                           # microbatch -> scaled loss (last model stage)
+    host_op_time: float                                # seconds the host spent inside op calls
+    host_wait_time: float                              # seconds blocked on receives and final sends
+    forward_bytes: dict[int, list[int]] = field(default_factory=dict)  # model stage -> bytes saved per F
+    kept_bytes: dict[int, list[int]] = field(default_factory=dict)     # model stage -> bytes B kept for W
+
+
+class Posting:
+    """When each receive is posted: before unit i the rank posts `before[i]`.
+
+    gloo matches by tag, so receives are posted `lookahead` units ahead of their op (all
+    of them when lookahead < 0). NCCL matches a link's messages in order, so a receive
+    is posted just before its unit together with any earlier message of its link in
+    the sender's order (which keeps NCCL's per-link streams free of cycles)."""
+
+    def __init__(self, graph: TaskGraph, rank: int, recv_edges: list[list[int]], lookahead: int, in_order: bool):
+        n = len(recv_edges)
+        self.before: list[list[int]] = [[] for _ in range(n)]
+        if not in_order:
+            for i, edges in enumerate(recv_edges):
+                at = 0 if lookahead < 0 else max(0, i - lookahead)
+                self.before[at].extend(edges)
+            return
+        sender_order = {e: k for k, e in enumerate(
+            e for r in range(graph.schedule.ranks) for u in graph.rank_units[r] for t in graph.units[u]
+            for e in graph.task_outputs[t] if graph.edges[e].kind != LOCAL and graph.edge_ranks(e) == (r, rank))}
+        by_link: dict[int, list[int]] = {}
+        for e in sorted(sender_order, key=sender_order.get):
+            by_link.setdefault(graph.edge_ranks(e)[0], []).append(e)
+        posted = {src: 0 for src in by_link}
+        for i, edges in enumerate(recv_edges):
+            for e in edges:
+                src = graph.edge_ranks(e)[0]
+                link = by_link[src]
+                upto = link.index(e) + 1
+                if upto > posted[src]:
+                    self.before[i].extend(link[posted[src]:upto])
+                    posted[src] = upto
+
+
+class RankRuntime:
+    """Rank `rank`'s share of a schedule: its stage modules, transfers and program."""
+
+    def __init__(self, graph: TaskGraph, rank: int, model: PipelineModel, specs: list[TensorSpec],
+                 backend: str, device: torch.device, timeout: float, lookahead: int = 2):
+        sched = graph.schedule
+        self.graph, self.rank, self.model, self.device, self.timeout = graph, rank, model, device, timeout
+        self.timer = CudaTimer(device) if device.type == "cuda" else CpuTimer()
+        own = sorted({sched.stages[s].model_stage for s in sched.stages_of_rank(rank)})
+        for k in own:
+            model.stages[k].to(device)
+        params = [p for k in own for p in model.stages[k].parameters()]
+        self.ledger = MemoryLedger(now, params)
+        self.modules = {k: StageModule(model.stages[k], k, sched.num_model_stages, model.loss_fn, model.scale,
+                                       self.ledger) for k in own}
+        self.units = [graph.units[u] for u in graph.rank_units[rank]]
+        self.transfers: dict[int, Transfer] = {}
+        for e in range(len(graph.edges)):
+            edge = graph.edges[e]
+            src, dst = graph.edge_ranks(e)
+            if edge.kind != LOCAL and rank in (src, dst):
+                kind = "activation" if edge.kind == ACTIVATION else "gradient"
+                self.transfers[e] = Transfer(e, dst if src == rank else src, graph.tasks[edge.src],
+                                             graph.tasks[edge.dst], kind)
+        self.specs = {e: specs[graph.edges[e].boundary] for e in self.transfers}
+        recv_edges = [[e for t in unit for e in graph.task_inputs[t] if e in self.transfers] for unit in self.units]
+        nccl = backend == "nccl"
+        self.posting = Posting(graph, rank, recv_edges, 0 if nccl else lookahead, in_order=nccl)
+        transport = NcclTransport if nccl else GlooTransport
+        self.transport = transport(rank, timeout, self.ledger, device, len(self.transfers))
+        self.inputs = [x.to(device) for x in model.inputs]
+        self.targets = [y.to(device) for y in model.targets]
+        self.local: dict[int, Any] = {}
+        self.local_keys: dict[int, int | None] = {}
+
+    # --- one step ---------------------------------------------------------------------
+
+    def step(self) -> RankStep:
+        """Run the rank's program once: gradients of this step only (zeroed first), then
+        summed over replicas."""
+        for sm in self.modules.values():
+            for p in sm.params:
+                p.grad = None
+        self.ledger.restart()
+        if isinstance(self.timer, CudaTimer):
+            self.timer.start_step()
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.op_time = self.wait_time = 0.0
+        self.forward_bytes, self.kept_bytes = {}, {}
+        start = now()
+        marks, losses = self._walk()
+        replicas.sum_replica_grads(self.rank, self.graph.schedule, {k: sm.params for k, sm in self.modules.items()},
+                                   len(self.graph.edges), self.timeout, self.device)
+        self.timer.sync()
+        end = now()
+        compute = [(t, self.timer.seconds(a), self.timer.seconds(b)) for t, a, b in marks]
+        transfers = [(d.lane, d.transfer.edge, d.transfer.peer, d.start, d.end) for d in self.transport.done]
+        self.transport.done.clear()
+        memory = (list(self.ledger.times), list(self.ledger.levels))
+        return RankStep(self.rank, start, end, compute, transfers, memory, {mb: float(v) for mb, v in losses.items()},
+                        self.op_time, self.wait_time, self.forward_bytes, self.kept_bytes)
+
+    def _walk(self) -> tuple[list, dict[int, Tensor]]:
+        """The program, unit by unit, then the wait for the last sends."""
+        marks: list = []
+        losses: dict[int, Tensor] = {}
+        for i, unit in enumerate(self.units):
+            self._post(self.posting.before[i])
+            self.transport.check()
+            for t in unit:
+                marks.append(self._run(t, losses))
+        waited = now()
+        self.transport.drain()
+        self.wait_time += now() - waited
+        if self.local:
+            raise RuntimeError(f"rank {self.rank}: hand-overs left after the step: {sorted(self.local)} (executor bug)")
+        return marks, losses
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def _post(self, edges: list[int]) -> None:
+        if edges:
+            self.transport.post_recvs([(self.transfers[e], self.specs[e]) for e in edges])
+
+    def _take(self, e: int) -> Any:
+        if e in self.transfers:
+            waited = now()
+            value = self.transport.take(self.transfers[e])
+            self.wait_time += now() - waited
+            return value
+        self.ledger.release(self.local_keys.pop(e, None))
+        return self.local.pop(e)
+
+    def _give(self, e: int, value: Any, sends: list) -> None:
+        if e in self.transfers:
+            sends.append((self.transfers[e], value))
+            return
+        if isinstance(value, Tensor):
+            self.local_keys[e] = self.ledger.hold(value)
+        self.local[e] = value
+
+    def _run(self, t: int, losses: dict[int, Tensor]) -> tuple[int, Any, Any]:
+        """Run task `t`: gather its inputs, run the op, pass its outputs on."""
+        g = self.graph
+        task: Task = g.tasks[t]
+        sm = self.modules[g.schedule.stages[task.stage].model_stage]
+        x = state = grad = None
+        for e in g.task_inputs[t]:
+            src = g.tasks[g.edges[e].src]
+            value = self._take(e)
+            if task.op == F:
+                x = value
+            elif src.op == F or task.op == W:
+                state = value
+            else:
+                grad = value
+        entered = now()
+        mark_start = self.timer.mark()
+        out = None
+        if task.op == F:
+            if x is None:
+                x = self.inputs[task.mb]
+            state, out = sm.forward(task.mb, x, self.targets[task.mb] if sm.is_last else None)
+            self.forward_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, []))
+            if state.loss is not None:
+                losses[task.mb] = state.loss
+        elif task.op == BW:
+            out = sm.backward_full(state, grad)
+        elif task.op == B:
+            out, state = sm.backward_input(state, grad)
+            self.kept_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, state.groups))
+        else:
+            sm.backward_weight(state)
+        mark_end = self.timer.mark()
+        self.op_time += now() - entered
+        sends: list = []
+        for e in g.task_outputs[t]:
+            dst = g.tasks[g.edges[e].dst]
+            value = state if dst.stage == task.stage else out
+            self._give(e, value, sends)
+        if sends:
+            self.transport.send_all(sends)
+        return t, mark_start, mark_end
