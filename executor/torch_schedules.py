@@ -1,15 +1,18 @@
 """torch.distributed.pipelining's built-in schedules as our task graphs.
 
-Uses torch's private `_schedule_visualizer.get_schedule_ops` (torch >= 2.6); where a
-torch build lacks it the error says so instead of failing obscurely.
+Uses torch's private `_schedule_visualizer.get_schedule_ops` (torch >= 2.6). Private
+APIs go through `private_api`, so a torch build that lacks one gives a one-line error
+naming the torch version and what is missing instead of failing obscurely.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import io
 import logging
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from schedules.ir import Schedule, ScheduleError
 from schedules.torch_format import from_rows
@@ -21,6 +24,43 @@ if TYPE_CHECKING:
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                    "ZBVZeroBubble", "DualPipeV")
 SINGLE_STAGE = {"gpipe", "1f1b"}
+PIPELINING = "torch.distributed.pipelining"
+TESTED = "pipesched supports torch >= 2.6 and is tested with 2.13"
+
+
+def torch_version() -> str | None:
+    """The installed torch's version, or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (torch's errors often append a whole schedule)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def private_api(module: str, name: str, needed_for: str) -> Any:
+    """`torch.distributed.pipelining.<module>.<name>` (a dotted name reaches into classes),
+    or ScheduleError saying which torch lacks what; `needed_for` starts the message."""
+    version = torch_version()
+    if version is None:
+        raise ScheduleError(f"{needed_for} needs torch (pip install 'pipesched[torch]')")
+    where = f"{PIPELINING}.{module}"
+    try:
+        obj: Any = importlib.import_module(where)
+    except ImportError as exc:
+        raise ScheduleError(f"{needed_for} needs {where}, which torch {version} lacks "
+                            f"({one_line(exc)}); {TESTED}") from None
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ScheduleError(f"{needed_for} needs {where}.{name}, a private API that torch {version} "
+                                f"lacks; {TESTED}")
+    return obj
 
 
 def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None = None) -> Schedule:
@@ -28,11 +68,7 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None 
     canonical = {n.lower(): n for n in TORCH_SCHEDULES}.get(name.lower())
     if canonical is None:
         raise ScheduleError(f"unknown torch schedule {name!r}; torch has {', '.join(TORCH_SCHEDULES)}")
-    try:
-        from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
-    except ImportError as exc:
-        raise ScheduleError(f"torch:{canonical} needs torch.distributed.pipelining with "
-                            f"_schedule_visualizer (torch >= 2.6): {exc}") from None
+    get_schedule_ops = private_api("_schedule_visualizer", "get_schedule_ops", f"torch:{canonical}")
     if canonical.lower() in SINGLE_STAGE:
         if chunks not in (None, 1):
             raise ScheduleError(f"torch:{canonical} has one stage per rank, got -v {chunks}")
@@ -43,6 +79,11 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None 
         chunks = 2
     else:
         chunks = 2 if chunks is None else chunks
+    try:  # an older or newer get_schedule_ops may take other arguments
+        inspect.signature(get_schedule_ops).bind(canonical, ranks, microbatches, num_stages_per_rank=chunks)
+    except TypeError as exc:
+        raise ScheduleError(f"torch:{canonical}: torch {torch_version()}'s get_schedule_ops does not take "
+                            f"the arguments of 2.13 ({one_line(exc)}); {TESTED}") from None
     quiet = logging.getLogger("torch.distributed.pipelining")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
@@ -50,7 +91,8 @@ def torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None 
         with contextlib.redirect_stdout(io.StringIO()):
             ops = get_schedule_ops(canonical, ranks, microbatches, num_stages_per_rank=chunks)
     except Exception as exc:  # torch raises ValueError, AssertionError, RuntimeError
-        raise ScheduleError(f"torch:{canonical} refuses p={ranks} m={microbatches} v={chunks}: {exc}") from None
+        raise ScheduleError(f"torch:{canonical} refuses p={ranks} m={microbatches} v={chunks}: "
+                            f"{one_line(exc)}") from None
     finally:
         quiet.setLevel(level)
     rows = [[str(a) if a is not None else "" for a in row] for row in ops]

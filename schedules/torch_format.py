@@ -5,6 +5,10 @@ our model stage, its I is our B (input gradient), its B is our BW (full backward
 "(a;b)OVERLAP_F_B" is our overlapped pair. A CSV dump has one row per rank; empty cells
 are idle slots. Communication and sharding actions (SEND_F, RECV_B, UNSHARD, ...) are
 implied by our graph and skipped on import.
+
+Export writes the compute-only form that torch's `_PipelineScheduleRuntime._load_csv`
+lowers itself (it adds SEND/RECV, UNSHARD/RESHARD and REDUCE_GRAD); the stage-to-rank
+mapping is inferred from the rows, so any placement (looped, V, hand-written) loads.
 """
 from __future__ import annotations
 
@@ -91,30 +95,55 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
 
 
 def action_string(task: Task) -> str:
+    """A task (its stage already a model stage) as a torch action, e.g. 1I3."""
     return f"{task.stage}{TO_TORCH[task.op]}{task.mb}"
 
 
-def to_rows(schedule: Schedule) -> list[list[str]]:
-    """Per-rank torch action strings. torch has one stage per model stage, so schedules
-    whose virtual stages replicate a model stage (DualPipe) or that route microbatches
-    differently cannot be expressed."""
+def to_rows(schedule: Schedule, overlap: bool = True) -> list[list[str]]:
+    """Per-rank torch action strings (compute only), for torch's `_PipelineScheduleRuntime`.
+
+    `overlap=False` writes an overlapped pair as its two actions one after the other:
+    torch before 2.9 has no OVERLAP_F_B, and torch's runtime runs a pair's actions one
+    after the other anyway. Refuses (ScheduleError) what torch's runtime cannot run:
+    a model stage on more than one rank (DualPipe's replicas), a rank without ops, and
+    forwards of the last model stage out of microbatch order."""
     model = [st.model_stage for st in schedule.stages]
     if sorted(model) != list(range(len(model))):
         raise ScheduleError(f"{schedule.name} places a model stage on more than one rank; "
                             "torch.distributed.pipelining has one copy of each stage")
+    idle = next((r for r, program in enumerate(schedule.programs) if not program), None)
+    if idle is not None:
+        raise ScheduleError(f"{schedule.name}: rank {idle} runs nothing; torch's runtime needs "
+                            "at least one stage on every rank")
+    _check_loss_order(schedule, model)
     rows = []
     for program in schedule.programs:
         row = []
         for item in program:
             tasks = [Task(t.op, t.mb, model[t.stage]) for t in unit_tasks(item)]
-            if len(tasks) == 2:
+            if len(tasks) == 2 and overlap:
                 row.append(f"({';'.join(action_string(t) for t in tasks)})OVERLAP_F_B")
             else:
-                row.append(action_string(tasks[0]))
+                row.extend(action_string(t) for t in tasks)
         rows.append(row)
     return rows
 
 
-def write_csv(schedule: Schedule, path: str | Path) -> None:
+def _check_loss_order(schedule: Schedule, model: list[int]) -> None:
+    """torch's runtime appends each loss in the order the last stage's forwards run and
+    hands the backward of microbatch i the i-th one (`_maybe_get_loss`, torch 2.13), so
+    out of order it backpropagates the wrong loss (or fails)."""
+    last = len(model) - 1
+    seen = [t.mb for t in schedule.tasks() if t.op == F and model[t.stage] == last]
+    for before, after in zip(seen, seen[1:]):
+        if after < before:
+            rank = schedule.stages[model.index(last)].rank
+            raise ScheduleError(f"{schedule.name}: rank {rank} runs the last model stage's forwards out of "
+                                f"microbatch order (F{before} before F{after}); torch's runtime matches "
+                                "losses to microbatches by that order and would use the wrong loss")
+
+
+def write_csv(schedule: Schedule, path: str | Path, overlap: bool = True) -> None:
+    """`to_rows(schedule, overlap)` as a CSV file, one row per rank."""
     with open(path, "w", newline="") as fh:
-        csv.writer(fh).writerows(to_rows(schedule))
+        csv.writer(fh).writerows(to_rows(schedule, overlap))

@@ -64,3 +64,34 @@ def test_side_by_side_rows_and_chart(tmp_path):
     assert "malformed" in next(r for r in rows if r["schedule"] == "1f1b")["refused"]
     out = plot_vs_torch(rows, tmp_path / "vs.png", "test")
     assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("args", [["import-torch", "GPipe", "-p", "2", "-m", "4"],
+                                  ["export-torch", "torch:GPipe", "-p", "2", "-m", "4"],
+                                  ["simulate", "torch:GPipe", "-p", "2", "-m", "4"]])
+def test_missing_visualizer_is_one_line_naming_the_torch_version(monkeypatch, capsys, args):
+    import sys
+
+    import torch
+
+    from pipesched.cli import main
+
+    # None in sys.modules makes the import fail, as on a torch without the module
+    monkeypatch.setitem(sys.modules, "torch.distributed.pipelining._schedule_visualizer", None)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1 and "Traceback" not in err
+    assert f"torch {torch.__version__} lacks" in err and "_schedule_visualizer" in err
+
+
+def test_other_get_schedule_ops_signature_or_no_torch(monkeypatch):
+    from torch.distributed.pipelining import _schedule_visualizer
+
+    from executor import torch_schedules
+
+    monkeypatch.setattr(_schedule_visualizer, "get_schedule_ops", lambda schedule, pp_degree, num_microbatches: [])
+    with pytest.raises(ScheduleError, match="get_schedule_ops does not take the arguments of 2.13"):
+        torch_schedule("GPipe", 2, 4)
+    monkeypatch.setattr(torch_schedules, "torch_version", lambda: None)
+    with pytest.raises(ScheduleError, match=r"torch:GPipe needs torch \(pip install"):
+        torch_schedule("GPipe", 2, 4)
