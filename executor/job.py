@@ -2,7 +2,7 @@
 
 `run_schedule(ctx, schedule, model, options)` is called by every rank of an initialised
 process group (from `launch_local`, `run_here` or a test's own job); rank 0 returns a
-`RunResult` with the measured Trace of the last step, the others None.
+`RunResult` with the measured Trace of the step of median makespan, the others None.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class RunOptions:
 
 @dataclass
 class RunResult:
-    trace: Trace                 # the last measured step
+    trace: Trace                 # the measured step of median makespan (meta["step"] says which)
     metrics: Metrics
     step_times: list[float]      # seconds per measured step (first start to last end over ranks)
     backend: str
@@ -113,7 +113,7 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
         records = records[options.warmup:]
     finally:
         runtime.close()
-    report = RankReport(offset, [(r.start - offset, r.end - offset) for r in records], records[-1],
+    report = RankReport(offset, [(r.start - offset, r.end - offset) for r in records], records,
                         statistics.median(_overhead_per_op(r) for r in records),
                         sum(p.numel() * p.element_size() for sm in runtime.modules.values() for p in sm.params))
     if options.check:  # every holder's copy, so that rank 0 can also check the replicas agree
@@ -135,7 +135,7 @@ class RankReport:
 
     offset: float                        # this rank's clock offset
     bounds: list[tuple[float, float]]    # (start, end) of each measured step
-    last: RankStep                       # the last step in full
+    steps: list[RankStep]                # every measured step in full
     overhead_per_op: float               # median over steps of host time outside ops and waits, per op
     param_bytes: int
     grads: dict[int, list] | None = None  # model stage -> gradients, when checking
@@ -151,8 +151,12 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
     sched = graph.schedule
     steps = len(reports[0].bounds)
     step_times = [max(r.bounds[i][1] for r in reports) - min(r.bounds[i][0] for r in reports) for i in range(steps)]
-    trace = measured_trace(graph, [(r.offset, r.last) for r in reports])
+    traces = [measured_trace(graph, [(r.offset, r.steps[i]) for r in reports]) for i in range(steps)]
+    makespans = [compute_metrics(t).makespan for t in traces]
+    median = sorted(range(steps), key=makespans.__getitem__)[(steps - 1) // 2]  # the lower median: a real step
+    trace = traces[median]
     trace.meta.update({
+        "step": median, "makespans": makespans,
         "backend": ctx.backend, "model_stages": sched.num_model_stages, "model": description,
         "step_times": step_times, "clock_offsets": [r.offset for r in reports],
         "activation_bytes": [s.nbytes for s in specs], "memory_counted": MEMORY_COUNTED,
@@ -167,14 +171,14 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
         holders = replicas.holders(sched)
         grads = {k: reports[ranks[0]].grads[k] for k, ranks in holders.items()}
         identical = all(_same(reports[r].grads[k], grads[k]) for k, ranks in holders.items() for r in ranks)
-        losses = {mb: v for r in reports for mb, v in r.last.losses.items()}
+        losses = {mb: v for r in reports for mb, v in r.steps[-1].losses.items()}
         loss = 0.0
         for mb in sorted(losses):  # in microbatch order, as the reference adds them
             loss += losses[mb]
         check = reference.compare(model, loss, grads, identical)
     per_rank = [{"rank": r, "busy": rm.busy, "idle": rm.idle, "bubble_ratio": rm.bubble_ratio,
-                 "peak_memory_bytes": rm.peak_memory_bytes, "ops": len(rep.last.compute),
-                 "overhead_per_op": rep.overhead_per_op, "wait_time": rep.last.host_wait_time}
+                 "peak_memory_bytes": rm.peak_memory_bytes, "ops": len(rep.steps[median].compute),
+                 "overhead_per_op": rep.overhead_per_op, "wait_time": rep.steps[median].host_wait_time}
                 for r, (rm, rep) in enumerate(zip(metrics.per_rank, reports))]
     return RunResult(trace, metrics, step_times, ctx.backend, check, per_rank)
 

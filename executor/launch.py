@@ -99,6 +99,8 @@ def _child(rank: int, world: int, backend: str, timeout: float, init_method: str
         ctx = RankContext(rank, world, rank, world, backend, rank_device(backend, rank), timeout)
         _init(ctx, init_method)
         value = job(ctx, *args)
+        # nobody tears the group down while a peer may still be finishing its last transfer
+        dist.barrier()
         report.send(("ok", value if rank == 0 else None))
         dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
@@ -174,6 +176,7 @@ def _exit_code(proc) -> int | None:
 
 def _stop(procs: list) -> None:
     """Terminate and reap every process still running."""
+    procs = [p for p in procs if p.pid is not None]  # a failed start leaves nothing to reap
     for p in procs:
         if p.is_alive():
             p.terminate()

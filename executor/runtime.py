@@ -199,18 +199,21 @@ class RankRuntime:
             if x is None:
                 x = self.inputs[task.mb]
             state, out = sm.forward(task.mb, x, self.targets[task.mb] if sm.is_last else None)
-            self.forward_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, []))
-            if state.loss is not None:
-                losses[task.mb] = state.loss
         elif task.op == BW:
             out = sm.backward_full(state, grad)
         elif task.op == B:
             out, state = sm.backward_input(state, grad)
-            self.kept_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, state.groups))
         else:
             sm.backward_weight(state)
         mark_end = self.timer.mark()
         self.op_time += now() - entered
+        # bookkeeping outside the op's span, so a span is the op alone (as calibration times it)
+        if task.op == F:
+            self.forward_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, []))
+            if state.loss is not None:
+                losses[task.mb] = state.loss
+        elif task.op == B:
+            self.kept_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, state.groups))
         sends: list = []
         for e in g.task_outputs[t]:
             dst = g.tasks[g.edges[e].dst]

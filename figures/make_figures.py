@@ -30,7 +30,7 @@ from pipesched.plots.gallery import plot_gallery
 from schedules.ir import OPS
 from schedules.registry import BUILDERS, build
 from simulator.api import simulate
-from simulator.costs import Link, Network, uniform
+from simulator.costs import CostModel, Link, Network, StageCost, uniform
 from simulator.trace import COMPUTE, SEND, Trace
 
 HERE = Path(__file__).resolve().parent
@@ -95,17 +95,20 @@ def executor_missing() -> str | None:
     return None
 
 
-def costs_of(measured: Trace):
-    """A uniform cost model from a measured trace: median op and transfer durations."""
+def costs_of(measured: Trace) -> CostModel:
+    """A cost model from a measured trace of a one-stage-per-rank schedule: each pipeline
+    stage's median F, B and W (stages differ: the last one also computes the loss) and
+    the median transfer time as the latency."""
     comp, sends = measured.lane == COMPUTE, measured.lane == SEND
     dur = measured.end - measured.start
 
-    def median(op: str) -> float:
-        mine = comp & (measured.op == OPS.index(op))
+    def median(op: str, rank: int) -> float:
+        mine = comp & (measured.op == OPS.index(op)) & (measured.rank == rank)
         return float(np.median(dur[mine])) if mine.any() else 0.0
 
     latency = float(np.median(dur[sends])) if sends.any() else 0.0
-    return uniform(median("F"), median("B"), median("W"), network=Network(Link(latency)))
+    stages = tuple(StageCost(median("F", r), median("B", r), median("W", r)) for r in range(measured.ranks))
+    return CostModel(stages=stages, network=Network(Link(latency))).check()
 
 
 def measured() -> Path | None:
@@ -115,8 +118,10 @@ def measured() -> Path | None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = Path(tmp) / "measured.json"
+        # hidden 512: ops of about a millisecond, well above the runtime's ~0.2 ms per op and
+        # the scheduler noise of a shared machine; the trace is the median of 15 steps
         run = subprocess.run([sys.executable, "-m", "pipesched", "run", MEASURED_SCHEDULE, "-p", str(MEASURED_P),
-                              "-m", str(M),
+                              "-m", str(M), "--hidden", "512", "--steps", "15", "--warmup", "2",
                               "--trace", str(trace_path)], capture_output=True, text=True)
         if run.returncode != 0:
             last = (run.stderr.strip().splitlines() or ["no message"])[-1]

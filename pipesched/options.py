@@ -3,16 +3,18 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
 from schedules import fileformat, torch_format
 from schedules.ir import Schedule
-from schedules.registry import build
+from schedules.registry import build, check_size
 from simulator import costs as cost_files
-from simulator.costs import CostModel, HostSharing, Link, Network
+from simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 
 from .errors import UsageError
+
 
 
 SCHEDULE_HELP = ("a built-in name (see `pipesched list`), a schedule file (.json), "
@@ -33,11 +35,18 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
     """A schedule from a name, torch:NAME, a schedule file or a torch CSV. Built-in
     schedules that adapt to costs are built for `costs`' op durations."""
     path = Path(spec)
+    if path.is_dir():
+        raise UsageError(f"schedule {spec!r} is a directory; give a built-in name or a schedule file")
     if spec.endswith((".json", ".csv")) or (path.exists() and path.is_file()):
-        schedule = torch_format.read_csv(path) if spec.endswith(".csv") else fileformat.load(path)
+        try:
+            schedule = torch_format.read_csv(path) if spec.endswith(".csv") else fileformat.load(path)
+        except UnicodeDecodeError as exc:  # the CSV reader lets it through
+            raise UsageError(f"{spec!r} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
         for flag, asked, have in (("-p", ranks, schedule.ranks), ("-m", microbatches, schedule.microbatches)):
             if asked is not None and asked != have:
                 raise UsageError(f"{spec} has {have} for {flag}, but {flag} {asked} was given")
+        if chunks is not None:
+            raise UsageError(f"-v does not apply to a schedule file: {spec}'s virtual stages are in the file")
         return schedule
     if ranks is None or microbatches is None:
         raise UsageError(f"schedule {spec!r} needs -p RANKS and -m MICROBATCHES")
@@ -46,6 +55,8 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
             from executor.torch_schedules import torch_schedule
         except ImportError as exc:
             raise UsageError(f"{spec} needs torch (pip install 'pipesched[torch]'): {exc}") from None
+        if ranks > 0 and microbatches > 0 and (chunks or 2) > 0:
+            check_size(spec, 3 * ranks * microbatches * (chunks or 2))  # torch's have at most 2 chunks unless -v
         return torch_schedule(spec[len("torch:"):], ranks, microbatches, chunks)
     op_time = costs.op_time_for(ranks) if costs is not None else None
     return build(spec, ranks, microbatches, chunks, op_time)
@@ -96,7 +107,7 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
     times = {"forward": args.f, "backward_input": args.b, "backward_weight": args.w}
     if args.costs and any(v is not None for v in times.values()):
         raise UsageError("give op times either with --f/--b/--w or in --costs FILE, not both")
-    model = cost_files.load(args.costs) if args.costs else CostModel()
+    model = load_costs(args.costs) if args.costs else CostModel()
     stage_over = {k: v for k, v in times.items() if v is not None}
     for flag, name in (("activation_bytes", "activation_bytes"), ("activation_memory", "activation_memory"),
                        ("weight_memory", "weight_memory"), ("param_bytes", "param_bytes")):
@@ -128,7 +139,39 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
                     op_overhead=model.op_overhead if args.op_overhead is None else args.op_overhead,
                     contention=model.contention and not args.no_contention,
                     blocking_sends=model.blocking_sends or args.blocking_sends)
-    return model.check()
+    model = model.check()
+    if not any(_computes(s) for s in (*model.stages, *(model.model_stages or ()))) and not model.op_overhead:
+        raise UsageError("every op takes 0 s, so there is no timeline to predict; "
+                         "give --f, --b or --w (or the cost file's times) > 0")
+    return model
+
+
+def _computes(stage: StageCost) -> bool:
+    return any(stage.op_time(op) > 0 for op in ("F", "B", "W", "BW"))
+
+
+def load_costs(path: str) -> CostModel:
+    """A cost file; UsageError for files that are not text or nest absurdly deep, which
+    the cost-file reader does not catch itself."""
+    try:
+        return cost_files.load(path)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cost file {path!r} is not UTF-8 text (JSON or TOML): {exc.reason} at byte {exc.start}") from None
+    except RecursionError:
+        raise UsageError(f"cost file {path!r} is not a cost file: it nests too deeply") from None
+
+
+def check_writable(path: str) -> None:
+    """UsageError before any work when `path` cannot be written: it is a directory, or
+    its folder does not exist or is not writable (so a long run does not fail at the end)."""
+    p = Path(path)
+    folder = p.parent
+    if p.is_dir():
+        raise UsageError(f"cannot write {path!r}: it is a directory")
+    if not folder.is_dir():
+        raise UsageError(f"cannot write {path!r}: there is no folder {str(folder)!r}")
+    if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"cannot write {path!r}: permission denied")
 
 
 def fmt_seconds(x: float) -> str:

@@ -88,12 +88,16 @@ def from_dict(data: Any) -> Schedule:
         stages.append(VirtualStage(_int(st["rank"], f"stages[{i}].rank"), _int(st["model_stage"], f"stages[{i}].model_stage")))
     paths = [[_int(s, f"paths[{p}][{k}]") for k, s in enumerate(_list(path, f"paths[{p}]"))]
              for p, path in enumerate(_list(data["paths"], "paths"))]
+    programs = [[_item(x, f"programs[{r}][{i}]") for i, x in enumerate(_list(prog, f"programs[{r}]"))]
+                for r, prog in enumerate(_list(data["programs"], "programs"))]
     if "microbatch_paths" in data:
         mb_paths = [_int(x, f"microbatch_paths[{i}]") for i, x in enumerate(_list(data["microbatch_paths"], "microbatch_paths"))]
     else:
+        ops = sum(len(item) if isinstance(item, Overlap) else 1 for prog in programs for item in prog)
+        if microbatches > ops:  # checked before the default list is made: a huge count would exhaust memory
+            raise ScheduleError(f"microbatches is {microbatches} but the programs hold only {ops} ops; "
+                                f"every microbatch needs an F and a backward")
         mb_paths = [0] * max(microbatches, 0)
-    programs = [[_item(x, f"programs[{r}][{i}]") for i, x in enumerate(_list(prog, f"programs[{r}]"))]
-                for r, prog in enumerate(_list(data["programs"], "programs"))]
     return Schedule(data["name"], ranks, microbatches, stages, paths, mb_paths, programs)
 
 
@@ -115,14 +119,18 @@ def loads(text: str) -> Schedule:
         data = json.loads(text)
     except ValueError as exc:
         raise ScheduleError(f"schedule file is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ScheduleError("schedule file is not a schedule: its JSON nests too deeply") from None
     return from_dict(data)
 
 
 def load(path: str | Path) -> Schedule:
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ScheduleError(f"cannot read schedule file {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ScheduleError(f"schedule file {str(path)!r} is not UTF-8 text (JSON): {exc.reason} at byte {exc.start}") from None
     return loads(text)
 
 

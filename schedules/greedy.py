@@ -68,8 +68,14 @@ def play(name: str, ranks: int, microbatches: int, stages: list[VirtualStage], p
     missing = [len(d) for d in deps]
     ready_at = [0.0 if not d else math.nan for d in deps]
     duration = [op_time(t.op, stages[t.stage].model_stage, num_model) for t in tasks]
-    if any(not (d > 0 and math.isfinite(d)) for d in duration):
-        raise ScheduleError("op durations used to build a schedule must be finite and > 0")
+    if any(not (d >= 0 and math.isfinite(d)) for d in duration):
+        raise ScheduleError("op durations used to build a schedule must be finite and >= 0")
+    # A zero-length op would finish at the instant it starts, tying with the ops it
+    # enables, and the play below cannot order ties; a tiny positive length keeps the
+    # order the rule implies (`fastest` then times candidates with the real durations).
+    positive = [d for d in duration if d > 0]
+    tiny = min(positive) * 1e-6 if positive else 1.0
+    duration = [d if d > 0 else tiny for d in duration]
     # per virtual stage: its microbatches in order, and the next one for F and backward
     stage_mbs: list[list[int]] = [[] for _ in stages]
     for mb in range(microbatches):

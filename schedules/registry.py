@@ -50,6 +50,24 @@ BUILDERS: dict[str, Builder] = {b.name: b for b in (
 )}
 
 
+MAX_OPS = 10_000_000
+"""The most ops a schedule may have. The simulator needs about 1.4 kB and 25 us per op
+(benchmarks/simulator_speed.py), so this is ~14 GB and minutes; a typo such as -m 10**9
+is refused at once instead of exhausting memory."""
+
+
+def check_size(name: str, ops: int) -> None:
+    """ScheduleError when a schedule of `ops` ops is too large to build and simulate."""
+    if ops > MAX_OPS:
+        raise ScheduleError(f"{name} would have {ops:,} ops, more than the {MAX_OPS:,} pipesched "
+                            f"builds and simulates (about 1.4 kB of memory each); use fewer ranks, "
+                            f"microbatches or chunks")
+
+
+def _is_count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
           op_time: OpTime | None = None) -> Schedule:
     """Build a named schedule. `chunks` is v (chunks per rank) for schedules that take it;
@@ -59,8 +77,12 @@ def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
     if builder is None:
         raise ScheduleError(f"unknown schedule {name!r}; built-in schedules are {', '.join(BUILDERS)}")
     kwargs = {"op_time": op_time} if builder.adapts_to_costs else {}
-    if builder.chunks is None:
-        return builder.build(ranks, microbatches, builder.default_chunks if chunks is None else chunks, **kwargs)
-    if chunks is not None and chunks != builder.chunks:
+    if builder.chunks is not None and chunks is not None and chunks != builder.chunks:
         raise ScheduleError(f"{name} has {builder.chunks} chunk{'s' if builder.chunks > 1 else ''} per rank, got -v {chunks}")
+    v = builder.chunks if builder.chunks is not None else builder.default_chunks if chunks is None else chunks
+    if all(_is_count(x) and x > 0 for x in (ranks, microbatches, v)):
+        # every microbatch runs F, B and W (at most) on each of the p*v model stages
+        check_size(name, 3 * microbatches * ranks * v)
+    if builder.chunks is None:
+        return builder.build(ranks, microbatches, v, **kwargs)
     return builder.build(ranks, microbatches, **kwargs)

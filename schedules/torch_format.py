@@ -88,6 +88,8 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
         text = Path(path).read_text()
     except OSError as exc:
         raise ScheduleError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ScheduleError(f"{str(path)!r} is not UTF-8 text (a CSV file)") from None
     rows = [row for row in csv.reader(io.StringIO(text))]
     while rows and not any(c.strip() for c in rows[-1]):
         rows.pop()

@@ -7,6 +7,10 @@ error spells it out as ops per rank.
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+from typing import Iterator
+
 import networkx as nx
 
 from .graph import TaskGraph, build_graph, unit_label
@@ -139,11 +143,26 @@ def describe_cycle(graph: TaskGraph, residual: list[tuple[int, int]], limit: int
     return " -> ".join(steps)
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a large acyclic structure is built:
+    its collections would rescan the growing graph again and again (40 % of validation
+    time at p=64, m=256). Nothing built here forms a cycle, so nothing is left behind."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def validate(schedule: Schedule) -> TaskGraph:
     """Check a schedule and return its compiled graph (with a topological unit order)."""
-    check_structure(schedule)
-    graph = build_graph(schedule)
-    order, residual = topological_units(graph)
+    with gc_paused():
+        check_structure(schedule)
+        graph = build_graph(schedule)
+        order, residual = topological_units(graph)
     if residual:
         raise ScheduleError(f"schedule {schedule.name!r} deadlocks: {describe_cycle(graph, residual)}")
     graph.topo_units = order

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from schedules.graph import TaskGraph
 from schedules.ir import Schedule
-from schedules.validate import validate
+from schedules.validate import gc_paused, validate
 
 from .costs import CostModel
 from .des import run_des
@@ -21,6 +21,11 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "de
     options: noise_cv and rng (see simulator.timing.resolve).
     """
     graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
+    with gc_paused():  # the DES allocates millions of acyclic objects; collections would rescan them
+        return _simulate(graph, costs, engine, **options)
+
+
+def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Trace:
     timing = resolve(graph, costs, **{k: v for k, v in options.items() if k in ("noise_cv", "rng")})
     if engine == "exact":
         if costs.host is not None:

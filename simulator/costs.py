@@ -23,6 +23,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 FORMAT = "pipesched.costs/1"
+MIN_SHARE = 1e-6  # processors: the least capacity or demand a shared host may have
 
 
 class CostError(ValueError):
@@ -39,7 +40,8 @@ class StageCost:
     gradient_bytes: size of the gradient sent back to the previous stage (None: same as
         the activation arriving at this stage, i.e. the previous stage's activation_bytes).
     activation_memory: bytes an F stores until its backward.
-    weight_memory: the part of activation_memory that B keeps until W.
+    weight_memory: bytes a split B leaves held until its W: the part of the activations W
+        still needs plus the gradients B captured for it (so it may exceed activation_memory).
     param_bytes: resident bytes of this stage's parameters, gradients and optimizer state.
     """
 
@@ -62,8 +64,6 @@ class StageCost:
                 raise CostError(f"{where}.{f.name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise CostError(f"{where}.{f.name} must be finite and >= 0, got {value!r}")
-        if self.weight_memory > self.activation_memory:
-            raise CostError(f"{where}.weight_memory ({self.weight_memory}) exceeds activation_memory ({self.activation_memory})")
 
     def scaled(self, k: float) -> "StageCost":
         """This stage's costs for a k-fraction of it (compute and memory scale, boundary sizes do not)."""
@@ -145,8 +145,10 @@ class HostSharing:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host.{name} must be a finite number >= 0, got {value!r}")
-        if self.capacity <= 0 or self.compute_demand <= 0:
-            raise CostError(f"host.capacity and host.compute_demand must be > 0, got {self.capacity}, {self.compute_demand}")
+        # far below a processor the DES would step forever (a denormal capacity never finishes work)
+        if self.capacity < MIN_SHARE or self.compute_demand < MIN_SHARE:
+            raise CostError(f"host.capacity and host.compute_demand must be at least {MIN_SHARE:g} cores, "
+                            f"got {self.capacity}, {self.compute_demand}")
         return self
 
 
@@ -162,6 +164,10 @@ class CostModel:
     blocking_sends: a rank waits for its sends to complete before its next op.
     op_overhead: seconds added to every compute op (launch and bookkeeping).
     host: ranks share compute (None: every rank has its own).
+    comm_buffers: memory counts the payloads of transfers and V-turn hand-overs while
+        buffered (see simulator.memory).
+    recv_lookahead: receives are posted this many program units ahead of the op that
+        needs them (< 0: all at the step's start), as the executor's --recv-lookahead.
     """
 
     stages: tuple[StageCost, ...] = (StageCost(),)
@@ -172,6 +178,8 @@ class CostModel:
     blocking_sends: bool = False
     op_overhead: float = 0.0
     host: HostSharing | None = None
+    comm_buffers: bool = True
+    recv_lookahead: int = 2
     meta: dict = field(default_factory=dict, compare=False)
 
     def check(self) -> "CostModel":
@@ -187,6 +195,10 @@ class CostModel:
                 or not math.isfinite(self.op_overhead) or self.op_overhead < 0:
             raise CostError(f"op_overhead must be finite and >= 0, got {self.op_overhead!r}")
         self.network.check()
+        if not isinstance(self.comm_buffers, bool):
+            raise CostError(f"comm_buffers must be true or false, got {self.comm_buffers!r}")
+        if isinstance(self.recv_lookahead, bool) or not isinstance(self.recv_lookahead, int):
+            raise CostError(f"recv_lookahead must be an integer (< 0: all at the start), got {self.recv_lookahead!r}")
         if self.host is not None:
             self.host.check()
         return self
@@ -261,7 +273,7 @@ def from_dict(data: Any) -> CostModel:
     if fmt != FORMAT:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
-               "blocking_sends", "op_overhead", "host", "meta"}
+               "blocking_sends", "op_overhead", "host", "comm_buffers", "recv_lookahead", "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -293,7 +305,7 @@ def from_dict(data: Any) -> CostModel:
         intra=_link({k: net[k] for k in ("latency", "bandwidth") if k in net}, "network"),
         inter=_link(net["inter_node"], "network.inter_node") if "inter_node" in net else None,
         ranks_per_node=net.get("ranks_per_node"))
-    for flag in ("contention", "blocking_sends"):
+    for flag in ("contention", "blocking_sends", "comm_buffers"):
         if flag in data and not isinstance(data[flag], bool):
             raise CostError(f"{flag} must be true or false, got {data[flag]!r}")
     meta = data.get("meta", {})
@@ -309,7 +321,9 @@ def from_dict(data: Any) -> CostModel:
         host = HostSharing(**host)
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
-                     op_overhead=data.get("op_overhead", 0.0), host=host, meta=meta).check()
+                     op_overhead=data.get("op_overhead", 0.0), host=host,
+                     comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
+                     meta=meta).check()
 
 
 def to_dict(model: CostModel) -> dict:
@@ -332,7 +346,8 @@ def to_dict(model: CostModel) -> dict:
     if model.model_stages is not None:
         doc["model_stages"] = [stage(s) for s in model.model_stages]
     doc.update(overlap=model.overlap, network=net, contention=model.contention,
-               blocking_sends=model.blocking_sends, op_overhead=model.op_overhead)
+               blocking_sends=model.blocking_sends, op_overhead=model.op_overhead,
+               comm_buffers=model.comm_buffers, recv_lookahead=model.recv_lookahead)
     if model.host is not None:
         doc["host"] = {"capacity": model.host.capacity, "compute_demand": model.host.compute_demand,
                        "wait_demand": model.host.wait_demand}
@@ -348,11 +363,15 @@ def load(path: str | Path) -> CostModel:
         text = path.read_text()
     except OSError as exc:
         raise CostError(f"cannot read cost file {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CostError(f"cost file {str(path)!r} is not UTF-8 text (JSON or TOML)") from None
     try:
         if path.suffix.lower() == ".toml":
             data = tomllib.loads(text)
         else:
             data = json.loads(text)
+    except RecursionError:
+        raise CostError(f"cost file {str(path)!r} nests too deeply") from None
     except ValueError as exc:
         raise CostError(f"cost file {str(path)!r} is not valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
     try:

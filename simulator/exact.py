@@ -75,6 +75,6 @@ def makespan_under(schedule, op_time) -> float:
     model = [st.model_stage for st in schedule.stages]
     task_time = [op_time(t.op, model[t.stage], num_model) for t in graph.tasks]
     unit_time = [sum(task_time[t] for t in members) for members in graph.units]
-    timing = Timing(task_time, unit_time, [0.0] * len(graph.edges), [-1] * len(graph.edges),
-                    [], False, False, [])
+    none = [0.0] * len(graph.edges)
+    timing = Timing(task_time, unit_time, none, none, [-1] * len(graph.edges), [], False, False, [])
     return max(longest_path(graph, timing).unit_end, default=0.0)

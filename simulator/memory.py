@@ -1,15 +1,20 @@
 """Memory per rank over time: resident parameters plus stored activations.
 
 An F stores its stage's `activation_memory` from its start; a fused BW frees it at its
-end; a split B frees all but `weight_memory` at its end and the W frees the rest at its
-end. Frees at the same instant as an allocation count first, so back-to-back ops do not
-add up. Units: seconds and bytes.
+end; a split B leaves `weight_memory` held at its end (what W needs, which may be more
+than the F stored: B's captured gradients) and the W frees that at its end. With communication buffers counted (`CostModel.comm_buffers`), a transfer's payload
+is held by the sender from the producing op's end until the transfer ends, and by the
+receiver from the moment its receive is posted (`recv_lookahead` units ahead of the
+consumer, as the executor posts them) until the consumer starts; a tensor handed over at
+a V turn is held from its producer's end until its consumer starts. Frees at the same
+instant as an allocation count first, so back-to-back ops do not add up. Units: seconds
+and bytes.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from schedules.graph import TaskGraph
+from schedules.graph import LOCAL, TaskGraph
 from schedules.ir import B, BW, F, W
 
 from .costs import StageCost
@@ -23,12 +28,39 @@ def resident_bytes(graph: TaskGraph, stage_costs: list[StageCost]) -> list[float
     return held
 
 
+def buffer_intervals(graph: TaskGraph, edge_bytes: list[float], recv_lookahead: int, unit_start: list[float],
+                     unit_end: list[float], edge_end: list[float]) -> list[tuple[int, float, float, float]]:
+    """(rank, from, to, bytes) of every communication and hand-over buffer."""
+    position = {u: i for ids in graph.rank_units for i, u in enumerate(ids)}
+    out = []
+    for e, edge in enumerate(graph.edges):
+        nbytes = edge_bytes[e]
+        if not nbytes:
+            continue
+        producer, consumer = graph.task_unit[edge.src], graph.task_unit[edge.dst]
+        src_rank, dst_rank = graph.unit_rank[producer], graph.unit_rank[consumer]
+        if edge.kind == LOCAL:
+            out.append((src_rank, unit_end[producer], unit_start[consumer], nbytes))
+            continue
+        out.append((src_rank, unit_end[producer], edge_end[e], nbytes))
+        c = position[consumer]
+        at = 0 if recv_lookahead < 0 else max(0, c - recv_lookahead)
+        posted = unit_end[graph.rank_units[dst_rank][at - 1]] if at > 0 else 0.0
+        out.append((dst_rank, min(posted, unit_start[consumer]), unit_start[consumer], nbytes))
+    return out
+
+
 def memory_samples(graph: TaskGraph, stage_costs: list[StageCost], task_start: list[float],
-                   task_end: list[float]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per rank, (times, bytes) after every change, starting with the resident bytes at t=0."""
+                   task_end: list[float], buffers: list[tuple[int, float, float, float]] | None = None
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per rank, (times, bytes) after every change, starting with the resident bytes at t=0.
+    `buffers`: extra (rank, from, to, bytes) holdings (see `buffer_intervals`)."""
     sched = graph.schedule
     ranks = sched.ranks
     per_rank: list[list[tuple[float, int, float]]] = [[] for _ in range(ranks)]
+    for rank, held_from, held_to, nbytes in buffers or ():
+        per_rank[rank].append((held_from, 1, nbytes))
+        per_rank[rank].append((held_to, 0, -nbytes))
     for t, task in enumerate(graph.tasks):
         st = sched.stages[task.stage]
         cost = stage_costs[st.model_stage]

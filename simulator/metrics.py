@@ -133,8 +133,11 @@ def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:
     """The chain that sets the makespan, first step first.
 
     From the op that ends last, repeatedly step to whatever it waited for last: the
-    rank's previous op, a local input, or the transfer of a remote input; from a
-    transfer, to its producer or to the transfer ahead of it on the same link.
+    rank's previous op, a local input, the transfer of a remote input, or (with blocking
+    sends) a transfer the previous op sent; from a transfer, to its producer or to the
+    transfer ahead of it on the same link. Only what ended by the time the step started
+    can have held it up, so a transfer that ran concurrently on an uncontended link, or
+    a send that did not block, is never taken for a cause.
     """
     key_of = lambda i: (OPS[trace.op[i]], int(trace.mb[i]), int(trace.stage[i]))  # noqa: E731
     comp = {key_of(i): int(i) for i in np.flatnonzero(trace.lane == COMPUTE)}
@@ -143,7 +146,8 @@ def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:
     span = [comp.get(t) for t in graph.tasks]
     if None in span:
         raise ValueError(f"trace has no span for {graph.tasks[span.index(None)]}; it does not match the schedule")
-    end = trace.end
+    start, end = trace.start, trace.end
+    tolerance = 1e-9 * float(end[span].max() - start[span].min()) if span else 0.0
     previous_unit: dict[int, int] = {b: a for ids in graph.rank_units for a, b in zip(ids, ids[1:])}
     ahead: dict[int, int] = {}  # transfer -> the one before it on its link
     by_link: dict[tuple[int, int], int] = {}
@@ -153,30 +157,36 @@ def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:
             ahead[int(i)] = by_link[link]
         by_link[link] = int(i)
 
-    def waited_for(state: tuple[str, int]) -> list[tuple[str, int]]:
+    def waited_for(state: tuple[str, int]) -> list[tuple[tuple[str, int], int]]:
+        """What `state` may have waited for, each with a priority for ties (a data or
+        program-order dependency wins over a blocking send)."""
         kind, ref = state
         if kind == "xfer":
-            out = [("task", graph.index[Task(*key_of(ref))])]
-            return out + ([("xfer", ahead[ref])] if ref in ahead else [])
+            out = [(("task", graph.index[Task(*key_of(ref))]), 1)]
+            return out + ([(("xfer", ahead[ref]), 1)] if ref in ahead else [])
         u = graph.task_unit[ref]
-        out = [("task", graph.units[previous_unit[u]][-1])] if u in previous_unit else []
+        out = []
+        if u in previous_unit:
+            before = graph.units[previous_unit[u]]
+            out.append((("task", before[-1]), 1))
+            out += [(("xfer", xfer[graph.tasks[t]]), 0) for t in before if graph.tasks[t] in xfer]
         for t in graph.units[u]:
             for e in graph.task_inputs[t]:
                 edge = graph.edges[e]
                 if graph.task_unit[edge.src] == u:
                     continue
                 if edge.kind == LOCAL:
-                    out.append(("task", edge.src))
+                    out.append((("task", edge.src), 1))
                 elif graph.tasks[edge.src] in xfer:
-                    out.append(("xfer", xfer[graph.tasks[edge.src]]))
+                    out.append((("xfer", xfer[graph.tasks[edge.src]]), 1))
         return out
 
-    def end_of(state: tuple[str, int]) -> float:
-        return float(end[span[state[1]]] if state[0] == "task" else end[state[1]])
+    def index_of(state: tuple[str, int]) -> int:
+        return span[state[1]] if state[0] == "task" else state[1]
 
     def step(state: tuple[str, int]) -> PathStep:
         kind, ref = state
-        i = span[ref] if kind == "task" else ref
+        i = index_of(state)
         op, mb, stage = key_of(i)
         return PathStep("compute" if kind == "task" else "transfer", int(trace.rank[i]), op, mb, stage,
                         float(trace.start[i]), float(end[i]), -1 if kind == "task" else int(trace.peer[i]))
@@ -187,7 +197,10 @@ def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:
         options = waited_for(state)
         if not options:
             break
-        state = max(options, key=end_of)
+        began = float(start[index_of(state)]) + tolerance
+        # a measured trace may have nothing that ended in time (clock offsets): then the latest
+        held_up = [o for o in options if end[index_of(o[0])] <= began] or options
+        state = max(held_up, key=lambda o: (float(end[index_of(o[0])]), o[1]))[0]
         steps.append(step(state))
     steps.reverse()
     return steps

@@ -6,6 +6,7 @@ what a straggler-prone cluster sees is the makespan's mean and upper percentiles
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -41,8 +42,8 @@ def sample_makespans(graph: TaskGraph, costs: CostModel, runs: int, cv: float, s
     the DES."""
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    if not cv >= 0:
-        raise ValueError(f"cv must be >= 0, got {cv}")
+    if not (cv >= 0 and math.isfinite(cv)):
+        raise ValueError(f"cv must be finite and >= 0, got {cv}")
     rng = np.random.default_rng(seed)
     out = np.empty(runs)
     for i in range(runs):

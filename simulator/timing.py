@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from schedules.graph import GRADIENT, LOCAL, TaskGraph
+from schedules.ir import F
 from .costs import CostModel, StageCost
-from .memory import memory_samples
+from .memory import buffer_intervals, memory_samples
 from .trace import COMPUTE, RECV, SEND, Trace
 
 
@@ -21,11 +22,14 @@ class Timing:
     task_time: list[float]        # seconds per task, op overhead included
     unit_time: list[float]        # seconds per unit (an overlapped pair combined)
     edge_time: list[float]        # seconds per transfer edge; 0 for local edges
+    edge_bytes: list[float]       # payload per edge: transfers and V-turn hand-overs; 0 otherwise
     edge_link: list[int]          # link id per edge; -1 for local edges
     links: list[tuple[int, int]]  # (sender, receiver) of each link id
     contention: bool
     blocking_sends: bool
     stage_costs: list[StageCost]  # per model stage
+    comm_buffers: bool = False    # count transfer and hand-over buffers in memory
+    recv_lookahead: int = 2       # receives posted this many units ahead (< 0: all at the start)
 
 
 @dataclass
@@ -46,17 +50,18 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
     model_stage = [st.model_stage for st in sched.stages]
     task_time = [stage_costs[model_stage[t.stage]].op_time(t.op) + costs.op_overhead for t in graph.tasks]
     edge_time = [0.0] * len(graph.edges)
+    edge_bytes = [0.0] * len(graph.edges)
     edge_link = [-1] * len(graph.edges)
     link_ids: dict[tuple[int, int], int] = {}
+    tasks = graph.tasks
     for i, e in enumerate(graph.edges):
         if e.kind == LOCAL:
+            src_task, dst_task = tasks[e.src], tasks[e.dst]
+            if src_task.stage != dst_task.stage:  # a V turn hands a tensor over on the rank
+                edge_bytes[i] = _payload(stage_costs[e.boundary], src_task.op == F)
             continue
         src, dst = graph.edge_ranks(i)
-        st = stage_costs[e.boundary]
-        if e.kind == GRADIENT:
-            nbytes = st.gradient_bytes if st.gradient_bytes is not None else st.activation_bytes
-        else:
-            nbytes = st.activation_bytes
+        nbytes = edge_bytes[i] = _payload(stage_costs[e.boundary], e.kind != GRADIENT)
         edge_time[i] = costs.network.link(src, dst).time(nbytes)
         edge_link[i] = link_ids.setdefault((src, dst), len(link_ids))
     if noise_cv > 0:
@@ -68,8 +73,15 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
     unit_time = [task_time[m[0]] if len(m) == 1 else costs.pair_time(task_time[m[0]], task_time[m[1]])
                  for m in graph.units]
     links = sorted(link_ids, key=link_ids.get)
-    return Timing(task_time, unit_time, edge_time, edge_link, links, costs.contention,
-                  costs.blocking_sends, stage_costs)
+    return Timing(task_time, unit_time, edge_time, edge_bytes, edge_link, links, costs.contention,
+                  costs.blocking_sends, stage_costs, costs.comm_buffers, costs.recv_lookahead)
+
+
+def _payload(cost: StageCost, activation: bool) -> float:
+    """Bytes crossing a boundary: the activation forward, the gradient backward."""
+    if activation or cost.gradient_bytes is None:
+        return cost.activation_bytes
+    return cost.gradient_bytes
 
 
 def to_trace(graph: TaskGraph, timing: Timing, timeline: Timeline, meta: dict | None = None) -> Trace:
@@ -97,6 +109,9 @@ def to_trace(graph: TaskGraph, timing: Timing, timeline: Timeline, meta: dict | 
         start=cat(task_start, a, a), end=cat(task_end, b, b),
         peer=cat(np.full(n, -1), receiver, sender).astype(np.int32),
         overlapped=cat(col["paired"], np.zeros(k, bool), np.zeros(k, bool)),
-        memory=memory_samples(graph, timing.stage_costs, list(task_start), list(task_end)),
+        memory=memory_samples(graph, timing.stage_costs, list(task_start), list(task_end),
+                              buffer_intervals(graph, timing.edge_bytes, timing.recv_lookahead, timeline.unit_start,
+                                               timeline.unit_end, timeline.edge_end)
+                              if timing.comm_buffers else None),
         meta=dict(meta or {}))
     return trace

@@ -12,6 +12,7 @@ both keyed by the producing op (op, mb, stage) and naming the other rank in `pee
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,27 +133,31 @@ class Trace:
 
     @classmethod
     def from_dict(cls, data: Any) -> "Trace":
-        try:
-            if data.get("format") != FORMAT:
-                raise TraceError(f"trace format is {data.get('format')!r}, expected {FORMAT!r}")
-            if list(data["columns"]) != list(COLUMNS):
-                raise TraceError(f"trace columns are {data['columns']}, expected {list(COLUMNS)}")
-            lane_index = {name: i for i, name in enumerate(LANES)}
-            spans = [Span(int(r), lane_index[l], str(o), int(m), int(s), float(a), float(b), int(p), bool(v))
-                     for r, l, o, m, s, a, b, p, v in data["spans"]]
-            ranks = int(data["ranks"])
-            memory = [([x for x, _ in samples], [y for _, y in samples]) for samples in data["memory"]]
-            if len(memory) != ranks:
-                raise TraceError(f"trace has memory for {len(memory)} ranks, expected {ranks}")
-            bad = next((s for s in spans if not 0 <= s.rank < ranks or s.end < s.start or s.op not in OPS), None)
-            if bad is not None:
-                raise TraceError(f"trace span {tuple(bad)} is out of range (rank, op or end before start)")
-            return cls.from_spans(str(data["schedule"]), ranks, int(data["microbatches"]),
-                                  str(data.get("source", "unknown")), spans, memory, data.get("meta", {}))
-        except TraceError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise TraceError(f"trace is malformed: {type(exc).__name__}: {exc}") from None
+        """A Trace from its JSON document; TraceError naming the first thing wrong."""
+        if not isinstance(data, dict):
+            raise TraceError(f"a trace must be a JSON object, got {type(data).__name__}")
+        if data.get("format") != FORMAT:
+            raise TraceError(f"trace format is {data.get('format')!r}, expected {FORMAT!r}")
+        missing = [k for k in ("schedule", "ranks", "microbatches", "columns", "spans", "memory") if k not in data]
+        if missing:
+            raise TraceError(f"trace lacks {missing[0]!r}")
+        if data["columns"] != list(COLUMNS):
+            raise TraceError(f"trace columns are {data['columns']!r}, expected {list(COLUMNS)}")
+        ranks, microbatches = _count(data["ranks"], "ranks"), _count(data["microbatches"], "microbatches")
+        for key in ("schedule", "source"):
+            if not isinstance(data.get(key, ""), str):
+                raise TraceError(f"trace {key} must be a string, got {data[key]!r}")
+        if not isinstance(data.get("meta", {}), dict):
+            raise TraceError(f"trace meta must be an object, got {type(data['meta']).__name__}")
+        spans = [_span(row, i, ranks, microbatches) for i, row in enumerate(_list(data["spans"], "spans"))]
+        memory = _list(data["memory"], "memory")
+        if len(memory) != ranks:
+            raise TraceError(f"trace has memory for {len(memory)} ranks, expected {ranks}")
+        samples = [[_sample(x, f"memory[{r}][{i}]") for i, x in enumerate(_list(per_rank, f"memory[{r}]"))]
+                   for r, per_rank in enumerate(memory)]
+        return cls.from_spans(data["schedule"], ranks, microbatches, data.get("source", "unknown"), spans,
+                              [([t for t, _ in rows], [b for _, b in rows]) for rows in samples],
+                              data.get("meta", {}))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict()) + "\n")
@@ -160,9 +165,69 @@ class Trace:
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
         except OSError as exc:
             raise TraceError(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
-        except ValueError as exc:
+        except ValueError as exc:  # bad JSON, or bytes that are not UTF-8
             raise TraceError(f"trace {str(path)!r} is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise TraceError(f"trace {str(path)!r} is not a trace: its JSON nests too deeply") from None
         return cls.from_dict(data)
+
+
+# --- checking a trace document --------------------------------------------------------
+
+_INT32 = 2 ** 31 - 1  # mb and stage are stored as int32
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _count(x: Any, where: str) -> int:
+    if not _is_int(x) or not 1 <= x <= _INT32:
+        raise TraceError(f"trace {where} must be an integer >= 1, got {x!r}")
+    return x
+
+
+def _list(x: Any, where: str) -> list:
+    if not isinstance(x, list):
+        raise TraceError(f"trace {where} must be a list, got {type(x).__name__}")
+    return x
+
+
+def _time(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _span(row: Any, i: int, ranks: int, microbatches: int) -> Span:
+    """One row of `spans`, checked: every field of the right type and in range."""
+    where = f"trace span {i}"
+    if not isinstance(row, list) or len(row) != len(COLUMNS):
+        raise TraceError(f"{where} must be a list of the {len(COLUMNS)} columns, got {str(row)[:80]}")
+    rank, lane, op, mb, stage, start, end, peer, overlapped = row
+    if not _is_int(rank) or not 0 <= rank < ranks:
+        raise TraceError(f"{where} has rank {rank!r}, outside 0..{ranks - 1}")
+    if lane not in LANES:
+        raise TraceError(f"{where} has lane {lane!r}; lanes are {', '.join(LANES)}")
+    if op not in OPS:
+        raise TraceError(f"{where} has op {op!r}; ops are {', '.join(OPS)}")
+    if not _is_int(mb) or not 0 <= mb < microbatches:
+        raise TraceError(f"{where} has microbatch {mb!r}, outside 0..{microbatches - 1}")
+    if not _is_int(stage) or not 0 <= stage <= _INT32:
+        raise TraceError(f"{where} has stage {stage!r}, need an integer >= 0")
+    if not (_time(start) and _time(end) and start <= end):
+        raise TraceError(f"{where} runs from {start!r} to {end!r}; times must be finite seconds, end >= start")
+    transfer = lane != "compute"
+    if not _is_int(peer) or (peer not in range(ranks) or peer == rank if transfer else peer != -1):
+        need = f"another rank in 0..{ranks - 1}" if transfer else "-1 for compute"
+        raise TraceError(f"{where} has peer {peer!r}, need {need}")
+    if not isinstance(overlapped, bool):
+        raise TraceError(f"{where} has overlapped {overlapped!r}, need true or false")
+    return Span(rank, LANES.index(lane), op, mb, stage, float(start), float(end), peer, overlapped)
+
+
+def _sample(x: Any, where: str) -> tuple[float, float]:
+    if not (isinstance(x, list) and len(x) == 2 and _time(x[0]) and _time(x[1])):
+        raise TraceError(f"trace {where} must be [seconds, bytes] with finite numbers, got {str(x)[:80]}")
+    return float(x[0]), float(x[1])

@@ -88,7 +88,7 @@ def worst_idle(name, p, m, overlap):
     return max(r.idle for r in run(build(name, p, m), uniform(1, 1, 1, overlap=overlap)).per_rank)
 
 
-@pytest.mark.parametrize("overlap", [0.0, 1.0])
+@pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 10), (6, 12), (8, 16), (8, 24)])
 def test_dualpipe_reaches_its_published_bubble(p, m, overlap):
     assert close(worst_idle("dualpipe", p, m, overlap), dualpipe_bubble(p, 1, 1, 1, overlap))
@@ -96,7 +96,7 @@ def test_dualpipe_reaches_its_published_bubble(p, m, overlap):
         assert close(makespan(build("dualpipe", p, m)), 3 * m + dualpipe_bubble(p, 1, 1, 1, 0.0))
 
 
-@pytest.mark.parametrize("overlap", [0.0, 1.0])
+@pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("p,m", [(1, 2), (2, 4), (3, 6), (3, 7), (4, 8), (5, 16), (8, 16)])
 def test_dualpipev_reaches_its_published_bubble(p, m, overlap):
     # 2p model stages: every chunk op costs half of the pipeline stage's

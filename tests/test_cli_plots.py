@@ -115,3 +115,13 @@ def test_progress_bar_redraws_on_a_terminal_and_stays_quiet_elsewhere_when_fast(
     for i in range(5):
         bar(i, "x")
     assert "\r" not in slow.getvalue() and slow.getvalue().count("\n") == 4
+
+
+def test_progress_bar_follows_stderr_as_it_is_when_the_sweep_starts(monkeypatch):
+    # the default stream is looked up per sweep, so a terminal gets the bar
+    terminal = Stream(True)
+    monkeypatch.setattr("sys.stderr", terminal)
+    bar = sweep_cmd.Progress(2)
+    bar(1, "x")
+    bar.close()
+    assert bar.stream is terminal and terminal.getvalue().startswith("\rsweep [")

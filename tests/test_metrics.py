@@ -53,10 +53,10 @@ def test_trace_json_round_trip(tmp_path):
 
 @pytest.mark.parametrize("edit,message", [
     (lambda d: d.update(format="x"), "trace format is 'x'"),
-    (lambda d: d["spans"].append([5, "compute", "F", 0, 0, 0.0, 1.0, -1, False]), "out of range"),
-    (lambda d: d["spans"].append([0, "compute", "F", 0, 0, 2.0, 1.0, -1, False]), "out of range"),
-    (lambda d: d["spans"].append([0, "disk", "F", 0, 0, 0.0, 1.0, -1, False]), "malformed"),
-    (lambda d: d.pop("memory"), "malformed"),
+    (lambda d: d["spans"].append([5, "compute", "F", 0, 0, 0.0, 1.0, -1, False]), "rank 5, outside 0..1"),
+    (lambda d: d["spans"].append([0, "compute", "F", 0, 0, 2.0, 1.0, -1, False]), "end >= start"),
+    (lambda d: d["spans"].append([0, "disk", "F", 0, 0, 0.0, 1.0, -1, False]), "lane 'disk'"),
+    (lambda d: d.pop("memory"), "lacks 'memory'"),
 ])
 def test_malformed_traces(edit, message):
     doc = synthetic().to_dict()

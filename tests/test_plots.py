@@ -97,6 +97,13 @@ def test_large_pipeline_thins_labels_to_every_kth_microbatch_without_overlap():
         assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))
 
 
+def test_ops_have_white_seams_only_where_they_are_wide_enough_to_tell_apart():
+    # at p=16, m=64 seams would paint the busy rows pale, like idle time
+    small = artists(plot_timeline(trace_of("zb-v", 2, 4), memory=False))["compute:F"]
+    large = artists(plot_timeline(trace_of("zb-v", 16, 64), memory=False))["compute:F"]
+    assert small.get_linewidths()[0] > 0 and large.get_linewidths()[0] == 0
+
+
 def test_dualpipe_at_scale_draws_every_pair():
     trace = trace_of("dualpipe", 16, 64)
     found = artists(plot_timeline(trace, memory=False))

@@ -64,7 +64,7 @@ def test_host_in_cost_files(tmp_path):
     model = uniform(1, 1, 1, host=HostSharing(2, 1, 0.25))
     cost_files.save(model, tmp_path / "c.json")
     assert cost_files.load(tmp_path / "c.json").host == HostSharing(2, 1, 0.25)
-    with pytest.raises(CostError, match="host.capacity and host.compute_demand must be > 0"):
+    with pytest.raises(CostError, match="host.capacity and host.compute_demand must be at least 1e-06 cores"):
         cost_files.from_dict({"host": {"capacity": 0}})
     with pytest.raises(CostError, match="host has unknown field 'cores'"):
         cost_files.from_dict({"host": {"capacity": 2, "cores": 2}})

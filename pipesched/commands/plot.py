@@ -8,6 +8,7 @@ from pathlib import Path
 from simulator.trace import Trace
 
 from ..errors import UsageError
+from ..options import check_writable
 
 
 def add_parser(sub) -> None:
@@ -37,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("plot needs -o OUT.png|svg or --perfetto OUT.json")
     if args.perfetto and args.vs:
         raise UsageError("--perfetto writes one trace; leave out --vs")
+    for path in (args.output, args.perfetto):
+        if path:
+            check_writable(path)
     if args.output:
         from ..plots.style import check_output
         check_output(args.output)

@@ -9,65 +9,38 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 
-from schedules.ir import ScheduleError
-
 from ..errors import UsageError
+from ..executor_args import add_executor_args, import_executor, model_from_args, prepare_checked
 from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a schedule on torch.distributed and record a measured trace")
     add_schedule_args(p)
-    p.add_argument("--backend", choices=("gloo", "nccl", "gloo-cuda"), default="gloo",
-                   help="gloo on CPU (default), nccl with one GPU per rank, or gloo with CUDA compute "
-                        "(ranks may share a GPU; tensors staged through host memory)")
-    g = p.add_argument_group("example model")
-    g.add_argument("--model", choices=("mlp", "transformer"), default="mlp", help="stack of MLP or transformer blocks")
-    g.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
-    g.add_argument("--layers-per-stage", type=int, default=2, help="blocks per model stage (default 2)")
-    g.add_argument("--microbatch-size", type=int, default=8, help="samples per microbatch (default 8)")
-    g.add_argument("--seq", type=int, default=32, help="sequence length, transformer only (default 32)")
-    g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
+    add_executor_args(p)
     r = p.add_argument_group("measurement")
     r.add_argument("--steps", type=int, default=5, help="measured steps (default 5)")
     r.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (default 1)")
-    r.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
     r.add_argument("--recv-lookahead", type=int, default=2, metavar="UNITS",
                    help="gloo: post receives this many ops ahead (default 2; -1: all at the start)")
     r.add_argument("--no-check", action="store_true", help="skip the comparison with the unpipelined model")
-    r.add_argument("--trace", metavar="OUT.json", help="write the measured Trace of the last step")
+    r.add_argument("--trace", metavar="OUT.json", help="write the measured Trace (the step of median makespan)")
     r.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from executor.comm import ExecutorError
-        from executor.job import RunOptions, prepare, start
-        from executor.launch import under_torchrun
-        from executor.models import ExampleModel
-    except ImportError as exc:
-        raise UsageError(f"pipesched run needs torch (pip install 'pipesched[torch]'): {exc}") from None
+    import_executor("run")
+    from executor.comm import ExecutorError
+    from executor.job import RunOptions, start
+
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
-    if not (args.timeout > 0 and math.isfinite(args.timeout)):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    model = model_from_args(args)
     schedule = schedule_from_args(args)
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != schedule.ranks:
-        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks, the schedule has {schedule.ranks}")
-    model = ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, args.seq,
-                         args.dtype, args.seed)
-    try:
-        graph = prepare(schedule, model, args.backend)  # ScheduleError passes through as it is
-    except ValueError as exc:
-        if isinstance(exc, ScheduleError):
-            raise
-        raise UsageError(str(exc)) from None
+    graph = prepare_checked(schedule, model, args.backend)
     options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check,
                          lookahead=args.recv_lookahead)
     try:
@@ -91,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 def print_table(s: dict, model_stages: int) -> None:
     print(f"{s['schedule']}: {s['ranks']} ranks, {s['microbatches']} microbatches, {model_stages} model stages "
           f"({s['backend']}; {s['model']})")
-    print(f"step time median {fmt_seconds(s['step_time_median'])} over {s['steps']} steps; last step: makespan "
+    print(f"step time median {fmt_seconds(s['step_time_median'])} over {s['steps']} steps; median step: makespan "
           f"{fmt_seconds(s['makespan'])}, bubble {100 * s['bubble_ratio']:.2f} %, communication "
           f"{fmt_seconds(s['comm_time'])} ({100 * s['comm_hidden_fraction']:.1f} % hidden under compute)")
     print(f"{'rank':>4}  {'busy':>11}  {'idle':>11}  {'bubble':>7}  {'peak memory':>12}  {'overhead/op':>11}")

@@ -3,14 +3,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
+import numpy as np
+
+from schedules.graph import TaskGraph
 from schedules.validate import validate
 from simulator.api import simulate
+from simulator.costs import CostModel
 from simulator.metrics import Metrics, compute_metrics
 from simulator.stochastic import makespan_stats
+from simulator.trace import Trace
 
 from ..errors import UsageError
-from ..options import add_cost_args, add_schedule_args, costs_from_args, fmt_bytes, fmt_seconds, schedule_from_args
+from ..options import (add_cost_args, add_schedule_args, check_writable, costs_from_args, fmt_bytes, fmt_seconds,
+                       schedule_from_args)
 
 
 def add_parser(sub) -> None:
@@ -37,8 +44,9 @@ def summary(metrics: Metrics) -> dict:
 
 def print_table(m: Metrics, engine: str, model_stages: int) -> None:
     print(f"{m.schedule}: {m.ranks} ranks, {m.microbatches} microbatches, {model_stages} model stages ({engine})")
-    print(f"makespan {fmt_seconds(m.makespan)}, bubble {100 * m.bubble_ratio:.2f} %, "
-          f"communication {fmt_seconds(m.comm_time)} ({100 * m.comm_hidden_fraction:.1f} % hidden under compute)")
+    comm = (f"communication {fmt_seconds(m.comm_time)} ({100 * m.comm_hidden_fraction:.1f} % hidden under compute)"
+            if m.comm_time > 0 else "communication free (no transfer costs given)")
+    print(f"makespan {fmt_seconds(m.makespan)}, bubble {100 * m.bubble_ratio:.2f} %, {comm}")
     print(f"{'rank':>4}  {'busy':>11}  {'idle':>11}  {'bubble':>7}  {'peak memory':>12}")
     for r in m.per_rank:
         print(f"{r.rank:>4}  {fmt_seconds(r.busy):>11}  {fmt_seconds(r.idle):>11}  {100 * r.bubble_ratio:>6.2f}%  "
@@ -50,11 +58,27 @@ def print_table(m: Metrics, engine: str, model_stages: int) -> None:
           f"{fmt_seconds(m.makespan)}; starts with {m.critical_path[0]}, ends with {m.critical_path[-1]}")
 
 
+def predict(graph: TaskGraph, costs: CostModel, engine: str) -> Trace:
+    """The simulated Trace; UsageError when costs so large that times or memory overflow
+    to infinity (each value may be finite while their sums are not)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        trace = simulate(graph, costs, engine=engine)
+        finite = np.isfinite(trace.end).all() and all(np.isfinite(b).all() for _, b in trace.memory)
+    if not finite:
+        raise UsageError("the costs are too large: predicted times or memory overflow to infinity")
+    return trace
+
+
 def run(args: argparse.Namespace) -> int:
     if args.runs is not None and args.runs < 1:
         raise UsageError(f"--runs must be >= 1, got {args.runs}")
-    if args.cv < 0:
-        raise UsageError(f"--cv must be >= 0, got {args.cv}")
+    if not (math.isfinite(args.cv) and args.cv >= 0):
+        raise UsageError(f"--cv must be a finite number >= 0, got {args.cv}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    for path in (args.trace, args.plot, args.perfetto):
+        if path:
+            check_writable(path)
     if args.plot:
         from ..plots.style import check_output  # matplotlib only when drawing
         check_output(args.plot)
@@ -63,11 +87,22 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (the default)")
     schedule = schedule_from_args(args, costs)
     graph = validate(schedule)
-    trace = simulate(graph, costs, engine=args.engine)
+    trace = predict(graph, costs, args.engine)
     metrics = compute_metrics(trace, graph)
-    stats = makespan_stats(graph, costs, args.runs, args.cv, args.seed) if args.runs else None
+    stats = None
+    if args.runs:
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                stats = makespan_stats(graph, costs, args.runs, args.cv, args.seed)
+        except OverflowError:
+            stats = None
+        if stats is None or not math.isfinite(stats.max):
+            raise UsageError(f"the noisy runs overflow to infinity at --cv {args.cv:g}; lower --cv or the costs")
     if args.trace:
-        trace.save(args.trace)
+        try:
+            trace.save(args.trace)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.trace!r}: {exc.strerror or exc}") from None
     if args.perfetto:
         from .plot import write_perfetto
         write_perfetto(trace, args.perfetto)

@@ -12,12 +12,12 @@ from typing import Callable, TextIO
 from schedules.ir import ScheduleError
 from schedules.registry import BUILDERS
 from schedules.validate import validate
-from simulator.api import simulate
 from simulator.costs import CostModel
 from simulator.metrics import compute_metrics
 
 from ..errors import UsageError
-from ..options import add_cost_args, costs_from_args, fmt_bytes, fmt_seconds, load_schedule
+from ..options import add_cost_args, check_writable, costs_from_args, fmt_bytes, fmt_seconds, load_schedule
+from .simulate import predict
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
 
@@ -64,9 +64,10 @@ class Progress:
     """A one-line progress bar on `stream`: redrawn in place on a terminal; elsewhere a
     line per tenth, and only once the sweep has run PROGRESS_AFTER_S seconds."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr, width: int = 30):
-        self.total, self.stream, self.width = total, stream, width
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30):
+        # sys.stderr looked up now, not at import: callers (and tests) may have replaced it
+        self.total, self.stream, self.width = total, stream or sys.stderr, width
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.monotonic()
         self.shown = 0  # tenths already reported on a non-terminal
         self.drawn = False
@@ -107,7 +108,7 @@ def sweep(schedules: list[str], ranks: int, microbatches: list[int], costs: Cost
         except ScheduleError as exc:
             points.append(SweepPoint(name, ranks, m, error=str(exc)))
             continue
-        met = compute_metrics(simulate(graph, costs, engine=engine))
+        met = compute_metrics(predict(graph, costs, engine))
         points.append(SweepPoint(name, ranks, m, met.makespan, met.bubble_ratio,
                                  max(r.peak_memory_bytes for r in met.per_rank), met.comm_hidden_fraction))
     if progress:
@@ -129,14 +130,21 @@ def write_csv(points: list, path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         raise UsageError(f"-p must be >= 1, got {args.ranks}")
+    if args.chunks is not None and args.chunks < 1:
+        raise UsageError(f"-v must be >= 1, got {args.chunks}")
     counts = parse_counts(args.microbatches)
     names = parse_schedules(args.schedules)
+    for path in (args.plot, args.csv):
+        if path:
+            check_writable(path)
     if args.plot:
         from ..plots.style import check_output
         check_output(args.plot)
     if args.pareto_m is not None and args.pareto_m not in counts:
         raise UsageError(f"--pareto-m {args.pareto_m} is not one of --microbatches {args.microbatches}")
     costs = costs_from_args(args)
+    if costs.host is not None and args.engine == "exact":
+        raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (the default)")
     bar = Progress(len(names) * len(counts))
     try:
         points = sweep(names, args.ranks, counts, costs, args.chunks, args.engine, bar)

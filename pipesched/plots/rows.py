@@ -24,6 +24,9 @@ from .labels import draw_labels
 from .style import ARROW_COLOR, IDLE_COLOR, OP_COLORS, PAIR_EDGE, points_per_unit, shade
 
 
+MIN_SEAMED_PT = 2.5  # ops narrower than this (points, the median) are drawn without seams
+
+
 @dataclass(frozen=True)
 class RowLayout:
     """Where rank r is drawn, in y data units (the y axis points down): its compute bar
@@ -111,8 +114,11 @@ def draw_trace(ax: Axes, trace: Trace, layout: RowLayout, t0: float, *, window: 
     palette = np.array([[shade(OP_COLORS[op], c, chunks) for c in range(chunks)] for op in OPS])
     colors = palette[trace.op, chunk].reshape(-1, 3)
     pt_x, _ = points_per_unit(ax)
-    # white seams between neighbouring ops, never wide enough to eat a narrow op
-    seam = float(np.clip(0.15 * pt_x * np.median(w[comp]) if comp.any() else 0.5, 0.05, 0.6))
+    # white seams between neighbouring ops, never wide enough to eat a narrow op; none
+    # where ops are too narrow to tell apart anyway (p=16, m=64), since there seams
+    # would wash every colour out towards the white and busy rows would look idle
+    typical = pt_x * float(np.median(w[comp])) if comp.any() else 10.0  # points
+    seam = 0.0 if typical < MIN_SEAMED_PT else float(np.clip(0.15 * typical, 0.05, 0.6))
     out: dict[str, object] = {}
 
     def add(gid: str, idx: np.ndarray, top: np.ndarray, h, **style) -> None:

@@ -1,0 +1,134 @@
+"""How close the simulator's predictions are to measured runs: every built-in schedule at
+p = 2 and p = 4, m in {2p, 4p, 8p}, gloo on CPU, the MLP and the transformer examples.
+
+Each case is `pipesched validate`: calibrate (every rank profiles its model stages alone,
+then ping-pong on the links), run (warm-up steps, then measured steps; the step of
+median makespan is compared), simulate under the calibrated costs, compare. All cases of
+one p share one launch of the ranks. Printed: a row per case (makespan error, bubble
+error in points, worst rank's peak-memory error, op start-time error p50/p90) and the
+median and max of each error over all cases and per p.
+
+    python benchmarks/validation_accuracy.py [--ranks 2,4] [--models mlp,transformer]
+        [--schedules 1f1b,zb-v] [--multipliers 2,4,8] [--steps 5] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from executor.calibrate import CalibrationOptions  # noqa: E402
+from executor.job import RunOptions  # noqa: E402
+from executor.launch import launch_local  # noqa: E402
+from executor.models import ExampleModel  # noqa: E402
+from executor.validation import assemble, calibrate_and_run  # noqa: E402
+from schedules.ir import ScheduleError  # noqa: E402
+from schedules.registry import BUILDERS, build  # noqa: E402
+
+MODELS = {
+    "mlp": ExampleModel("mlp", hidden=512, layers_per_stage=2, microbatch_size=32),
+    "transformer": ExampleModel("transformer", hidden=128, layers_per_stage=2, microbatch_size=8, seq=64),
+}
+
+
+def run_cases(ctx, cases: list, calibration: CalibrationOptions, options: RunOptions):
+    """One launch: calibrate and run every case in turn; rank 0 returns {id: (costs, result)}."""
+    out = {}
+    for case_id, schedule, model in cases:
+        got = calibrate_and_run(ctx, schedule, model, calibration, options)
+        if got is not None:
+            out[case_id] = got
+    return out if ctx.rank == 0 else None
+
+
+def cases_for(p: int, models: list[str], schedules: list[str], multipliers: list[int]) -> list:
+    cases = []
+    for model in models:
+        for name in schedules:
+            for k in multipliers:
+                m = k * p
+                try:
+                    schedule = build(name, p, m)
+                except ScheduleError as exc:
+                    print(f"skipped {name} p={p} m={m}: {exc}", file=sys.stderr)
+                    continue
+                cases.append(((model, name, p, m), schedule, MODELS[model]))
+    return cases
+
+
+def summarise(rows: list[dict], label: str) -> str:
+    if not rows:
+        return f"{label}: no cases"
+    mk = [abs(r["makespan_rel_error"]) for r in rows]
+    bb = [abs(r["bubble_error_pt"]) for r in rows]
+    mem = [abs(r["peak_memory_rel_error"]) for r in rows]
+    p90 = [r["start_p90"] for r in rows]
+    return (f"{label} ({len(rows)} cases): makespan |error| median {100 * statistics.median(mk):.2f} %, "
+            f"max {100 * max(mk):.2f} %; bubble |error| median {statistics.median(bb):.2f} pt, max {max(bb):.2f} pt; "
+            f"peak memory |error| median {100 * statistics.median(mem):.2f} %, max {100 * max(mem):.2f} %; "
+            f"start-time error p90 median {100 * statistics.median(p90):.2f} %")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--models", default="mlp,transformer")
+    ap.add_argument("--schedules", default=",".join(BUILDERS))
+    ap.add_argument("--multipliers", default="2,4,8", help="m = k * p for each k")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=15, help="calibration repetitions")
+    ap.add_argument("--json", metavar="OUT.json")
+    args = ap.parse_args()
+    calibration = CalibrationOptions(repeats=args.repeats, timeout=600)
+    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=600, check=False)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores ({platform.processor() or 'unknown CPU'}), "
+          f"torch {torch.__version__}, gloo on CPU")
+    print(f"{'model':<12} {'schedule':<17} {'p':>2} {'m':>3} {'predicted':>10} {'measured':>10} {'error':>8} "
+          f"{'bubble pred':>11} {'meas':>6} {'diff':>7} {'mem err':>8} {'start p50':>9} {'p90':>6} {'shared':>6}")
+    rows = []
+    started = time.perf_counter()
+    for p in [int(x) for x in args.ranks.split(",")]:
+        cases = cases_for(p, args.models.split(","), args.schedules.split(","),
+                          [int(x) for x in args.multipliers.split(",")])
+        results = launch_local(run_cases, (cases, calibration, options), p, timeout=600)
+        for (model, name, pp, m), schedule, _ in cases:
+            costs, result = results[(model, name, pp, m)]
+            v = assemble(schedule, costs, result)
+            c = v.comparison
+            row = {"model": model, "schedule": name, "p": pp, "m": m, "predicted": c.predicted.makespan,
+                   "measured": c.measured.makespan, "makespan_rel_error": c.makespan_rel_error,
+                   "predicted_bubble": c.predicted.bubble_ratio, "measured_bubble": c.measured.bubble_ratio,
+                   "bubble_error_pt": 100 * (c.predicted.bubble_ratio - c.measured.bubble_ratio),
+                   "peak_memory_rel_error": c.peak_memory_rel_error, "start_p50": c.start_time_error_p50,
+                   "start_p90": c.start_time_error_p90, "shared": v.shared,
+                   "per_op": [o.__dict__ for o in c.per_op]}
+            rows.append(row)
+            print(f"{model:<12} {name:<17} {pp:>2} {m:>3} {1e3 * row['predicted']:>8.1f}ms {1e3 * row['measured']:>8.1f}ms "
+                  f"{100 * row['makespan_rel_error']:>+7.2f}% {100 * row['predicted_bubble']:>10.2f}% "
+                  f"{100 * row['measured_bubble']:>5.1f}% {row['bubble_error_pt']:>+6.2f}pt "
+                  f"{100 * row['peak_memory_rel_error']:>+7.2f}% {100 * row['start_p50']:>8.2f}% "
+                  f"{100 * row['start_p90']:>5.2f}% {'yes' if row['shared'] else 'no':>6}", flush=True)
+    print()
+    for p in sorted({r["p"] for r in rows}):
+        print(summarise([r for r in rows if r["p"] == p], f"p={p}"))
+    for model in sorted({r["model"] for r in rows}):
+        print(summarise([r for r in rows if r["model"] == model], model))
+    print(summarise(rows, "all"))
+    print(f"took {time.perf_counter() - started:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Predicted against measured, end to end: calibrate, simulate, execute, compare.
+
+One launch: the ranks first calibrate (`executor.calibrate`: each rank profiles its
+model stages alone, then the links are ping-ponged), then run the schedule's steps
+(`executor.job`). The parent simulates the schedule under the calibrated costs and
+compares the simulation with the measured step of median makespan
+(`simulator.compare`).
+
+Memory is compared like for like: the executor counts activations and communication
+buffers, not parameters, so the prediction compared with it leaves parameters out too;
+parameter bytes per rank are reported beside it (predicted from the cost model,
+measured from the modules).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from schedules.ir import Schedule
+from schedules.validate import validate
+from simulator.api import simulate
+from simulator.compare import Comparison, compare
+from simulator.costs import CostModel
+from simulator.memory import resident_bytes
+from simulator.trace import Trace
+
+from .calibrate import CalibrationOptions, calibrate_here
+from .job import RunOptions, RunResult, run_schedule
+from .launch import RankContext, launch_local, run_here, under_torchrun
+from .models import ExampleModel, PipelineModel
+
+
+@dataclass
+class Validation:
+    costs: CostModel        # the calibrated cost model (parameters included)
+    predicted: Trace        # the simulation; its memory leaves parameters out, like the executor's
+    measured: Trace         # the measured step of median makespan
+    comparison: Comparison
+    run: RunResult
+    param_bytes: list[tuple[float, float]]  # per rank: (predicted, measured)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the ranks shared compute (and the simulation modelled it)."""
+        return self.costs.host is not None
+
+    def summary(self) -> dict:
+        """The `pipesched validate --json` document."""
+        c = self.comparison
+
+        def side(metrics, trace: Trace) -> dict:
+            return {"makespan": metrics.makespan, "bubble_ratio": metrics.bubble_ratio,
+                    "comm_time": metrics.comm_time, "comm_hidden_fraction": metrics.comm_hidden_fraction,
+                    "per_rank": [{"rank": r.rank, "busy": r.busy, "idle": r.idle, "bubble_ratio": r.bubble_ratio,
+                                  "peak_memory_bytes": r.peak_memory_bytes} for r in metrics.per_rank],
+                    "source": trace.source}
+
+        host = self.costs.host
+        return {
+            "schedule": self.measured.schedule, "ranks": self.measured.ranks,
+            "microbatches": self.measured.microbatches, "backend": self.run.backend,
+            "model": self.measured.meta.get("model"),
+            "shared_compute": None if host is None else {"capacity": host.capacity,
+                                                         "compute_demand": host.compute_demand,
+                                                         "wait_demand": host.wait_demand},
+            "predicted": side(c.predicted, self.predicted), "measured": side(c.measured, self.measured),
+            "makespan_rel_error": c.makespan_rel_error, "bubble_abs_error": c.bubble_abs_error,
+            "start_time_error_p50": c.start_time_error_p50, "start_time_error_p90": c.start_time_error_p90,
+            "peak_memory_rel_error": c.peak_memory_rel_error,
+            "per_rank": [{"rank": r.rank, "predicted_bubble": r.predicted_bubble, "measured_bubble": r.measured_bubble,
+                          "bubble_error": r.bubble_error, "predicted_peak_memory": r.predicted_peak_memory,
+                          "measured_peak_memory": r.measured_peak_memory,
+                          "peak_memory_rel_error": r.peak_memory_rel_error,
+                          "predicted_param_bytes": pp, "measured_param_bytes": mp}
+                         for r, (pp, mp) in zip(c.per_rank, self.param_bytes)],
+            "per_op": [{"op": o.op, "count": o.count, "predicted_median": o.predicted_median,
+                        "measured_median": o.measured_median, "rel_error": o.rel_error} for o in c.per_op],
+            "step_times": self.run.step_times, "measured_makespans": self.measured.meta.get("makespans"),
+            "max_grad_rel_error": None if self.run.check is None else self.run.check.max_grad_rel_error,
+            "loss_matches_reference": None if self.run.check is None else self.run.check.loss_matches,
+        }
+
+
+def without_parameters(costs: CostModel) -> CostModel:
+    """The same costs with no parameter bytes (what the executor's memory count leaves out)."""
+    def strip(stages):
+        return None if stages is None else tuple(replace(s, param_bytes=0.0) for s in stages)
+
+    return replace(costs, stages=strip(costs.stages), model_stages=strip(costs.model_stages))
+
+
+def predict(schedule: Schedule, costs: CostModel) -> Trace:
+    """The simulation to hold against a measured run of `schedule`."""
+    trace = simulate(validate(schedule), without_parameters(costs))
+    trace.meta["memory_counted"] = "activations and communication buffers; parameters excluded"
+    return trace
+
+
+def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
+                      calibration: CalibrationOptions, options: RunOptions):
+    """Collective: calibrate, then run; rank 0 returns (costs, RunResult)."""
+    costs = calibrate_here(ctx, schedule, model, calibration)
+    result = run_schedule(ctx, schedule, model, options)
+    return None if ctx.rank != 0 else (costs, result)
+
+
+def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),
+                      calibration: CalibrationOptions = CalibrationOptions(), backend: str = "gloo"
+                      ) -> Validation | None:
+    """Calibrate, run, simulate, compare (None on torchrun ranks other than 0)."""
+    calibration.check()
+    args = (schedule, model, calibration.__class__(**{**calibration.__dict__, "timeout": options.timeout}), options)
+    if under_torchrun():
+        out = run_here(calibrate_and_run, args, backend, options.timeout)
+    else:
+        out = launch_local(calibrate_and_run, args, schedule.ranks, backend, options.timeout)
+    if out is None:
+        return None
+    costs, result = out
+    return assemble(schedule, costs, result)
+
+
+def assemble(schedule: Schedule, costs: CostModel, result: RunResult) -> Validation:
+    """Simulate under `costs` and compare with the run."""
+    graph = validate(schedule)
+    predicted = predict(schedule, costs)
+    comparison = compare(predicted, result.trace)
+    params = resident_bytes(graph, costs.model_stage_costs(schedule.ranks, schedule.num_model_stages))
+    measured = result.trace.meta.get("param_bytes", [float("nan")] * schedule.ranks)
+    return Validation(costs, predicted, result.trace, comparison, result,
+                      [(float(p), float(m)) for p, m in zip(params, measured)])

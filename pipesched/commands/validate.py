@@ -1,0 +1,110 @@
+"""`pipesched validate`: calibrate, simulate, execute and compare one schedule.
+
+Prints predicted and measured makespan and their relative error, per-rank bubble ratio
+(predicted, measured, difference), the median and p90 of per-op start-time error
+divided by the makespan, and peak memory per rank predicted vs measured; writes both
+traces and the predicted-vs-measured figure into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+from ..executor_args import add_executor_args, import_executor, model_from_args, prepare_checked
+from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
+from .calibrate import add_calibration_args, calibration_options, print_costs
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="calibrate, simulate, run and compare predicted with measured")
+    add_schedule_args(p)
+    add_executor_args(p)
+    add_calibration_args(p)
+    r = p.add_argument_group("measurement")
+    r.add_argument("--steps", type=int, default=5, help="measured steps; the step of median makespan is compared "
+                                                        "(default 5)")
+    r.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
+    r.add_argument("--no-check", action="store_true", help="skip the gradient check against the unpipelined model")
+    p.add_argument("--out", metavar="DIR", default="pipesched-validate",
+                   help="write predicted.json, measured.json, costs.json and validate.png here "
+                        "(default ./pipesched-validate)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import_executor("validate")
+    from executor.comm import ExecutorError
+    from executor.job import RunOptions
+    from executor.validation import validate_schedule
+    from simulator.costs import save
+
+    if args.steps < 1 or args.warmup < 0:
+        raise UsageError(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create {args.out!r}: {exc.strerror or exc}") from None
+    model = model_from_args(args)
+    schedule = schedule_from_args(args)
+    prepare_checked(schedule, model, args.backend)
+    calibration = calibration_options(args)
+    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check)
+    try:
+        result = validate_schedule(schedule, model, options, calibration, args.backend)
+    except ExecutorError as exc:
+        print(f"pipesched: error: {exc}", file=sys.stderr)
+        return 1
+    if result is None:  # a rank other than 0 under torchrun
+        return 0
+    result.predicted.save(out / "predicted.json")
+    result.measured.save(out / "measured.json")
+    save(result.costs, out / "costs.json")
+    from ..plots.compare import plot_compare
+    plot_compare(result.predicted, result.measured, out / "validate.png")
+    summary = result.summary()
+    summary["files"] = [str(out / name) for name in ("predicted.json", "measured.json", "costs.json", "validate.png")]
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print_report(summary, result.costs)
+    check = result.run.check
+    return 1 if check is not None and not (check.loss_matches and check.grads_match) else 0
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f} %"
+
+
+def print_report(s: dict, costs) -> None:
+    print(f"{s['schedule']}: {s['ranks']} ranks, {s['microbatches']} microbatches ({s['backend']}; {s['model']})")
+    print_costs(costs)
+    if s["shared_compute"]:
+        print(f"note: this run shared compute ({s['ranks']} ranks on {s['shared_compute']['capacity']:g} processors); "
+              "the prediction models the sharing, timings on dedicated hardware will differ")
+    p, m = s["predicted"], s["measured"]
+    print(f"{'':<24}{'predicted':>12}{'measured':>12}{'error':>12}")
+    print(f"{'makespan':<24}{fmt_seconds(p['makespan']):>12}{fmt_seconds(m['makespan']):>12}"
+          f"{_pct(s['makespan_rel_error']):>12}")
+    print(f"{'bubble ratio':<24}{100 * p['bubble_ratio']:>10.2f} %{100 * m['bubble_ratio']:>10.2f} %"
+          f"{100 * (p['bubble_ratio'] - m['bubble_ratio']):>+9.2f} pt")
+    print(f"op start-time error / makespan: p50 {100 * s['start_time_error_p50']:.2f} %, "
+          f"p90 {100 * s['start_time_error_p90']:.2f} %")
+    print(f"{'rank':>4}  {'bubble pred':>11}  {'meas':>7}  {'diff':>8}  {'peak mem pred':>13}  {'meas':>10}  "
+          f"{'error':>9}  {'params pred':>11}  {'meas':>10}")
+    for r in s["per_rank"]:
+        print(f"{r['rank']:>4}  {100 * r['predicted_bubble']:>9.2f} %  {100 * r['measured_bubble']:>5.2f} %  "
+              f"{100 * r['bubble_error']:>+5.2f} pt  {fmt_bytes(r['predicted_peak_memory']):>13}  "
+              f"{fmt_bytes(r['measured_peak_memory']):>10}  {_pct(r['peak_memory_rel_error']):>9}  "
+              f"{fmt_bytes(r['predicted_param_bytes']):>11}  {fmt_bytes(r['measured_param_bytes']):>10}")
+    ops = ", ".join(f"{o['op']} {fmt_seconds(o['predicted_median'])} vs {fmt_seconds(o['measured_median'])}"
+                    for o in s["per_op"])
+    print(f"median op time, predicted vs measured: {ops}")
+    if s["loss_matches_reference"] is not None:
+        print(f"gradients: max relative error {s['max_grad_rel_error']:.2g} against the unpipelined model")
+    print("wrote " + ", ".join(s["files"]))

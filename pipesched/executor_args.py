@@ -1,0 +1,77 @@
+"""Command-line options of the commands that run the executor: run, calibrate, validate.
+
+The executor needs torch; these helpers import it only when a command runs, and turn
+every problem found before launch (backend, model arguments, stage shapes) into a
+one-line UsageError.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+from schedules.ir import Schedule, ScheduleError
+
+from .errors import UsageError
+
+
+def add_executor_args(parser: argparse.ArgumentParser) -> None:
+    """--backend, the example model's options and --timeout."""
+    parser.add_argument("--backend", choices=("gloo", "nccl", "gloo-cuda"), default="gloo",
+                        help="gloo on CPU (default), nccl with one GPU per rank, or gloo with CUDA compute "
+                             "(ranks may share a GPU; tensors staged through host memory)")
+    g = parser.add_argument_group("example model")
+    g.add_argument("--model", choices=("mlp", "transformer"), default="mlp", help="stack of MLP or transformer blocks")
+    g.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
+    g.add_argument("--layers-per-stage", type=int, default=2, help="blocks per model stage (default 2)")
+    g.add_argument("--microbatch-size", type=int, default=8, help="samples per microbatch (default 8)")
+    g.add_argument("--seq", type=int, default=32, help="sequence length, transformer only (default 32)")
+    g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
+
+
+def import_executor(command: str) -> None:
+    """UsageError unless torch (and so the executor) can be imported."""
+    try:
+        import executor.job  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"pipesched {command} needs torch (pip install 'pipesched[torch]'): {exc}") from None
+
+
+def model_from_args(args: argparse.Namespace):
+    """The example model the flags describe (checked when prepared)."""
+    from executor.models import ExampleModel
+
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, args.seq,
+                        args.dtype, args.seed)
+
+
+def prepare_checked(schedule: Schedule, model, backend: str):
+    """`executor.job.prepare` with every problem as one line: the schedule's own error,
+    else a UsageError. Returns the validated task graph."""
+    from executor.job import prepare
+    from executor.launch import under_torchrun
+
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != schedule.ranks:
+        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks, the schedule has {schedule.ranks}")
+    try:
+        return prepare(schedule, model, backend)
+    except ValueError as exc:
+        if isinstance(exc, ScheduleError):
+            raise
+        raise UsageError(str(exc)) from None
+
+
+def check_writable(path: str) -> None:
+    """UsageError unless a file can be written at `path` (checked before a long run)."""
+    from pathlib import Path
+
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise UsageError(f"cannot write {path!r}: it is a directory")
+    if not folder.is_dir() or not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"cannot write {path!r}: {'no such directory' if not folder.is_dir() else 'permission denied'}")

@@ -1,0 +1,251 @@
+"""Bad input of every kind, through the command line: one line on stderr, exit status 2,
+nothing written, never a traceback or a hang. One case per way a file or flag can be
+wrong, so a regression names the exact input."""
+import json
+
+import pytest
+
+from pipesched.cli import main
+from schedules import fileformat
+from schedules.ir import ScheduleError
+from schedules.registry import MAX_OPS, build
+from simulator.costs import uniform
+from simulator.trace import Trace, TraceError
+
+from helpers import makespan
+
+
+def refused(capsys, argv, message):
+    assert main([str(a) for a in argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and message in err and "internal error" not in err, err
+
+
+GOOD = fileformat.to_dict(build("1f1b", 2, 2))
+
+
+def edited(**changes):
+    doc = json.loads(json.dumps(GOOD))
+    for key, fn in changes.items():
+        doc[key] = fn(doc[key]) if callable(fn) else fn
+    return json.dumps(doc)
+
+
+def swap_first_two(programs):
+    programs[1][0], programs[1][1] = programs[1][1], programs[1][0]
+    return programs
+
+
+SCHEDULE_FILES = {
+    "empty": ("", "not valid JSON"),
+    "not JSON": ("{", "not valid JSON"),
+    "not UTF-8": (b"\xff\xfe\x00", "not UTF-8"),
+    "nested too deeply": ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+    "a list": ("[1, 2]", "must hold a JSON object"),
+    "no programs": (json.dumps({k: v for k, v in GOOD.items() if k != "programs"}), "lacks 'programs'"),
+    "unknown field": (edited(extra=1), "unknown field 'extra'"),
+    "ranks a string": (edited(ranks="2"), "ranks must be an integer"),
+    "ranks a float": (edited(ranks=2.0), "ranks must be an integer"),
+    "ranks negative": (edited(ranks=-1), "ranks must be an integer >= 1"),
+    "ranks huge": (edited(ranks=10**12), "one program per rank"),
+    "microbatches NaN": (edited(microbatches=2).replace('"microbatches": 2', '"microbatches": NaN'),
+                         "microbatches must be an integer"),
+    # without microbatch_paths the default list would take 8 GB: refused from the op count
+    "microbatches huge": (json.dumps({**{k: v for k, v in GOOD.items() if k != "microbatch_paths"},
+                                      "microbatches": 10**9}), "programs hold only 8 ops"),
+    "op on a wrong rank": (edited(programs=lambda p: [p[0] + [p[1].pop(0)], p[1]]), "is placed on rank 1"),
+    "duplicate op": (edited(programs=lambda p: [p[0] + [p[0][0]], p[1]]), "appears more than once"),
+    "cycle": (edited(programs=swap_first_two), "deadlocks: rank 1: BW0@1 -> rank 1: F0@1"),
+    "unknown op": (edited(programs=lambda p: [[{**p[0][0], "op": "X"}] + p[0][1:], p[1]]), "unknown op 'X'"),
+    "negative microbatch": (edited(programs=lambda p: [[{**p[0][0], "mb": -1}] + p[0][1:], p[1]]),
+                            "microbatch outside 0..1"),
+    "stage a string": (edited(programs=lambda p: [[{**p[0][0], "stage": "0"}] + p[0][1:], p[1]]),
+                       "stage must be an integer"),
+    "group of three": (edited(programs=lambda p: [[p[0][:3]] + p[0][3:], p[1]]), "group of 3 ops"),
+    "missing backward": (edited(programs=lambda p: [p[0][:-1], p[1]]), "has no BW, or B and W"),
+    "path out of order": (edited(paths=[[1, 0]]), "must run model stages 0..1 in order"),
+    "model stage huge": (edited(stages=lambda s: [{"rank": 0, "model_stage": 10**12}, s[1]]),
+                         "running model stage 1000000000000"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCHEDULE_FILES))
+def test_a_bad_schedule_file_is_refused_in_one_line(tmp_path, capsys, case):
+    content, message = SCHEDULE_FILES[case]
+    path = tmp_path / "s.json"
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    refused(capsys, ["show", path], message)
+    refused(capsys, ["simulate", path, "--plot", tmp_path / "t.png"], message)
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_flags_that_contradict_a_schedule_file_are_refused(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    fileformat.save(build("1f1b", 2, 2), path)
+    refused(capsys, ["simulate", path, "-p", 3], "has 2 for -p, but -p 3 was given")
+    refused(capsys, ["show", path, "-v", 2], "-v does not apply to a schedule file")
+    assert main(["show", str(path), "-p", "2", "-m", "2"]) == 0
+
+
+def test_a_directory_or_undecodable_csv_is_refused_as_a_schedule(tmp_path, capsys):
+    refused(capsys, ["show", tmp_path], "is a directory")
+    (tmp_path / "d.json").mkdir()
+    refused(capsys, ["simulate", tmp_path / "d.json"], "is a directory")
+    (tmp_path / "t.csv").write_bytes(b"\xff\xfe")
+    refused(capsys, ["show", tmp_path / "t.csv"], "not UTF-8")
+
+
+COST_FILES = {
+    "c.json": ('{"stage": {"forward": NaN}}', "stage.forward must be finite"),
+    "c.toml": ('[stage]\nforward = -1\n', "stage.forward must be finite and >= 0"),
+    "bw.toml": ('[network]\nbandwidth = 0\n', "bandwidth must be > 0"),
+    "str.toml": ('[stage]\nforward = "1"\n', "stage.forward must be a number"),
+    "unknown.json": ('{"stage": {"fwd": 1}}', "unknown field 'fwd'"),
+    "bad.toml": ("forward = = 1", "not valid TOML"),
+    "binary.toml": (b"\xff\xfe", "not UTF-8"),
+    "binary.json": (b"\xff\xfe", "not UTF-8"),
+    "deep.json": ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+    "denormal.json": ('{"host": {"capacity": 1e-309}}', "must be at least 1e-06 cores"),
+    "zero.json": ('{"stage": {"forward": 0, "backward_input": 0, "backward_weight": 0}}', "every op takes 0 s"),
+    # each value is finite, their sum is not
+    "overflow.json": ('{"stage": {"forward": 1e308, "backward_input": 1e308}}', "overflow to infinity"),
+    "slow.json": ('{"stage": {"activation_bytes": 1e308}, "network": {"bandwidth": 1e-308}}', "overflow"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COST_FILES))
+def test_a_bad_cost_file_is_refused_in_one_line(tmp_path, capsys, name):
+    content, message = COST_FILES[name]
+    path = tmp_path / name
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    refused(capsys, ["simulate", "1f1b", "-p", 2, "-m", 4, "--costs", path], message)
+    refused(capsys, ["sweep", "-p", 2, "--microbatches", "4", "--schedules", "1f1b", "--costs", path,
+                     "--csv", tmp_path / "s.csv"], message)
+    assert not (tmp_path / "s.csv").exists()
+
+
+SIM = ["simulate", "1f1b", "-p", "2", "-m", "4"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["simulate", "1f1b", "-p", "0", "-m", "4"], "needs ranks >= 1, got 0"),
+    (["simulate", "1f1b", "-p", "2", "-m", "-1"], "needs microbatches >= 1, got -1"),
+    (["simulate", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "0"], "needs v >= 1, got 0"),
+    (["simulate", "1f1b", "-p", "1000000000", "-m", "1"], f"more than the {MAX_OPS:,}"),
+    (["simulate", "interleaved-1f1b", "-p", "4", "-m", "4", "-v", "100000000"], "ops, more than"),
+    ([*SIM, "--runs", "0"], "--runs must be >= 1"),
+    ([*SIM, "--cv", "-1"], "--cv must be a finite number >= 0"),
+    ([*SIM, "--cv", "nan", "--runs", "2"], "--cv must be a finite number >= 0"),
+    ([*SIM, "--cv", "inf", "--runs", "2"], "--cv must be a finite number >= 0"),
+    ([*SIM, "--cv", "1e300", "--runs", "2"], "overflow to infinity"),
+    ([*SIM, "--runs", "2", "--seed", "-1"], "--seed must be >= 0"),
+    ([*SIM, "--f", "0", "--b", "0", "--w", "0"], "every op takes 0 s"),
+    ([*SIM, "--f", "nan"], "forward must be finite"),
+    ([*SIM, "--latency", "inf"], "latency must be finite"),
+    ([*SIM, "--overlap", "2"], "overlap must be between 0"),
+    ([*SIM, "--shared-compute", "1e-309"], "must be at least 1e-06 cores"),
+    ([*SIM, "--shared-compute", "nan"], "host.capacity must be a finite number"),
+    ([*SIM, "--plot", "/nonexistent/x.png"], "there is no folder '/nonexistent'"),
+    ([*SIM, "--plot", "x.bmp"], "must end in .png, .svg, .pdf"),
+    ([*SIM, "--trace", "/nonexistent/x.json"], "there is no folder"),
+    ([*SIM, "--perfetto", "/nonexistent/x.json"], "there is no folder"),
+    ([*SIM, "--trace", "."], "it is a directory"),
+    (["sweep", "-p", "0", "--microbatches", "4"], "-p must be >= 1"),
+    (["sweep", "-p", "2", "--microbatches", "a,b"], "--microbatches needs comma-separated integers"),
+    (["sweep", "-p", "2", "--microbatches", "4,,8"], "--microbatches needs comma-separated integers"),
+    (["sweep", "-p", "2", "--microbatches", "4", "-v", "0"], "-v must be >= 1, got 0"),
+    (["sweep", "-p", "2", "--microbatches", "4", "--csv", "/nonexistent/s.csv"], "there is no folder"),
+    (["sweep", "-p", "2", "--microbatches", "99999999999", "--schedules", "1f1b"], "ops, more than"),
+    (["sweep", "-p", "2", "--microbatches", "4", "--engine", "exact", "--shared-compute", "1"],
+     "cannot model ranks sharing compute"),
+])
+def test_a_bad_flag_is_refused_in_one_line(capsys, args, message):
+    refused(capsys, args, message)
+
+
+@pytest.fixture(scope="module")
+def trace_doc(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "t.json"
+    assert main(["simulate", "1f1b", "-p", "2", "-m", "2", "--activation-bytes", "1e6", "--bandwidth", "1e9",
+                 "--trace", str(path)]) == 0
+    return json.loads(path.read_text())
+
+
+def first_span(**fields):
+    def edit(spans):
+        columns = ("rank", "lane", "op", "mb", "stage", "start", "end", "peer", "overlapped")
+        spans[0] = [fields.get(c, v) for c, v in zip(columns, spans[0])]
+        return spans
+    return edit
+
+
+def transfers(peer):
+    return lambda spans: [s[:7] + [peer, s[8]] if s[1] != "compute" else s for s in spans]
+
+
+TRACES = {
+    "a list": (lambda d: [], "must be a JSON object"),
+    "no spans": (lambda d: {k: v for k, v in d.items() if k != "spans"}, "lacks 'spans'"),
+    "spans an object": (lambda d: {**d, "spans": {}}, "spans must be a list"),
+    "a short span": (lambda d: {**d, "spans": [[0, "compute"]]}, "list of the 9 columns"),
+    "ranks a string": (lambda d: {**d, "ranks": "2"}, "ranks must be an integer >= 1"),
+    "ranks fractional": (lambda d: {**d, "ranks": 2.7}, "ranks must be an integer >= 1"),
+    "microbatches negative": (lambda d: {**d, "microbatches": -1}, "microbatches must be an integer >= 1"),
+    "rank fractional": (lambda d: {**d, "spans": first_span(rank=0.5)(d["spans"])}, "rank 0.5"),
+    "unknown lane": (lambda d: {**d, "spans": first_span(lane="gpu")(d["spans"])}, "lane 'gpu'"),
+    "microbatch huge": (lambda d: {**d, "spans": first_span(mb=10**15)(d["spans"])}, "outside 0..1"),
+    "end infinite": (lambda d: {**d, "spans": first_span(end=float("inf"))(d["spans"])}, "times must be finite"),
+    "start NaN": (lambda d: {**d, "spans": first_span(start=float("nan"))(d["spans"])}, "times must be finite"),
+    "end before start": (lambda d: {**d, "spans": first_span(end=-1.0)(d["spans"])}, "end >= start"),
+    "overlapped a string": (lambda d: {**d, "spans": first_span(overlapped="yes")(d["spans"])}, "overlapped 'yes'"),
+    "compute with a peer": (lambda d: {**d, "spans": first_span(peer=1)(d["spans"])}, "-1 for compute"),
+    "transfer to nowhere": (lambda d: {**d, "spans": transfers(99)(d["spans"])}, "another rank in 0..1"),
+    "memory sample NaN": (lambda d: {**d, "memory": [[[float("nan"), 0.0]], []]}, "[seconds, bytes]"),
+    "memory of one rank": (lambda d: {**d, "memory": [[]]}, "memory for 1 ranks, expected 2"),
+    "source a number": (lambda d: {**d, "source": 5}, "source must be a string"),
+    "meta a list": (lambda d: {**d, "meta": [1]}, "meta must be an object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRACES))
+def test_a_bad_trace_is_refused_in_one_line(tmp_path, capsys, trace_doc, case):
+    edit, message = TRACES[case]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(edit(json.loads(json.dumps(trace_doc)))))
+    with pytest.raises(TraceError, match=None):
+        Trace.load(path)
+    refused(capsys, ["plot", path, "-o", tmp_path / "x.png"], message)
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_unreadable_traces_and_outputs_are_refused_in_one_line(tmp_path, capsys, trace_doc):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(trace_doc))
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    refused(capsys, ["plot", tmp_path / "bin.json", "-o", tmp_path / "x.png"], "not valid JSON")
+    refused(capsys, ["plot", tmp_path / "deep.json", "-o", tmp_path / "x.png"], "nests too deeply")
+    refused(capsys, ["plot", tmp_path, "-o", tmp_path / "x.png"], "Is a directory")
+    refused(capsys, ["plot", good, "--perfetto", tmp_path], "it is a directory")
+    refused(capsys, ["plot", good, "-o", "/nonexistent/x.png"], "there is no folder")
+    refused(capsys, ["plot", good, "--vs", good, "--perfetto", tmp_path / "p.json"], "leave out --vs")
+
+
+def test_the_saved_trace_round_trips_through_the_stricter_reader(trace_doc):
+    trace = Trace.from_dict(trace_doc)
+    assert Trace.from_dict(trace.to_dict()).to_dict() == trace.to_dict() == trace_doc
+
+
+def test_the_op_limit_is_checked_before_building():
+    with pytest.raises(ScheduleError, match="ops, more than"):
+        build("zb-v", 1000, 10_000)
+    build("interleaved-1f1b", 4, 8, 2)  # ordinary sizes are untouched
+
+
+@pytest.mark.parametrize("name", ["zb-h2", "zb-v"])
+@pytest.mark.parametrize("f,b,w", [(0, 1, 1), (1, 1, 0), (1, 0, 1), (0, 0, 1)])
+def test_cost_adaptive_builders_accept_zero_op_times(name, f, b, w):
+    # a zero-length op used to be refused with a message about "building" that named no flag
+    costs = uniform(f, b, w)
+    p, m = 4, 8
+    assert makespan(build(name, p, m, op_time=costs.op_time_for(p)), costs) >= m * (f + b + w) - 1e-9

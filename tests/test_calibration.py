@@ -1,0 +1,82 @@
+"""Calibration without a process group: profiling one stage module, fitting a link,
+deciding when ranks share the host, and the cost model it assembles."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from executor.calibrate import fit_link, host_sharing, profile_stage  # noqa: E402
+from executor.clock import now  # noqa: E402
+from executor.launch import RankContext  # noqa: E402
+from executor.memory import MemoryLedger  # noqa: E402
+from executor.models import ExampleModel, check_model, mse_loss  # noqa: E402
+from executor.stage import StageModule  # noqa: E402
+from executor.validation import without_parameters  # noqa: E402
+from simulator.costs import uniform  # noqa: E402
+
+
+def test_a_line_through_exact_points_gives_its_latency_and_bandwidth():
+    sizes = [1_000, 100_000, 1_000_000]
+    latency, bandwidth = fit_link(sizes, [20e-6 + n / 5e9 for n in sizes])
+    assert latency == pytest.approx(20e-6, rel=1e-6) and bandwidth == pytest.approx(5e9, rel=1e-6)
+    latency, bandwidth = fit_link(sizes, [30e-6, 29e-6, 28e-6])  # falling: no bandwidth limit seen
+    assert math.isinf(bandwidth) and latency > 0
+
+
+def _profile(model: ExampleModel, k: int, stages: int):
+    built = model.build(stages, 1)
+    specs = check_model(built, stages, 1)
+    module = built.stages[k]
+    sm = StageModule(module, k, stages, mse_loss, 1.0, MemoryLedger(now, list(module.parameters())))
+    x = built.inputs[0] if k == 0 else torch.randn(specs[k - 1].shape, dtype=specs[k - 1].dtype)
+    grad = None if k == stages - 1 else torch.randn(specs[k].shape, dtype=specs[k].dtype)
+    target = built.targets[0] if k == stages - 1 else None
+    return profile_stage(sm, x, target, grad, torch.device("cpu"), repeats=5, warmup=1), module, specs
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_profiling_a_stage_times_every_op_and_counts_what_it_saves(k):
+    model = ExampleModel("mlp", hidden=64, layers_per_stage=2, microbatch_size=16)
+    prof, module, specs = _profile(model, k, 3)
+    assert len(prof.samples["F"]) == 20 and len(prof.samples["BW"]) == len(prof.samples["BW first"]) == 5
+    assert all(t > 0 for t in (prof.forward, prof.backward_weight, prof.backward_full))
+    # each block saves fc1's input (16x64), fc1's output for gelu (16x256) and gelu's output for fc2 (16x256);
+    # the last stage's loss also saves the output and the target (16x64 each)
+    loss = 2 * 16 * 64 * 4 if k == 2 else 0
+    assert prof.activation_memory == 2 * 4 * 16 * (64 + 256 + 256) + loss
+    # B keeps what W needs (fc inputs, gelu outputs) and the gradients it captured at each Linear for W
+    assert prof.weight_memory > 0
+    assert prof.param_bytes == 4 * sum(p.numel() for p in module.parameters())
+    assert all(p.grad is None or p.grad.abs().sum() > 0 for p in module.parameters())
+    cost = prof.cost(float(specs[k].nbytes))
+    assert cost.op_time("BW") == prof.backward_full and cost.activation_bytes == 16 * 64 * 4
+
+
+def test_the_first_stage_input_backward_is_nearly_free():
+    # model stage 0's input needs no gradient: its B has almost nothing to do, W everything
+    prof, _, _ = _profile(ExampleModel("mlp", hidden=128, layers_per_stage=2, microbatch_size=32), 0, 2)
+    assert prof.backward_input < 0.25 * prof.backward_weight
+
+
+def _ctx(backend: str = "gloo") -> RankContext:
+    return RankContext(0, 4, 0, 4, backend, torch.device("cpu"), 10.0)
+
+
+def test_ranks_share_the_host_only_when_their_threads_exceed_the_cores(monkeypatch):
+    import executor.calibrate as cal
+    monkeypatch.setattr(cal.os, "sched_getaffinity", lambda _: {0, 1})
+    monkeypatch.setattr(cal, "threads_per_rank", lambda ranks: max(1, 2 // ranks))
+    shared = host_sharing(_ctx(), 4, ["h"] * 4)
+    assert shared is not None and shared.capacity == 2 and shared.compute_demand == 1 and shared.wait_demand == 0
+    assert host_sharing(_ctx(), 2, ["h"] * 2) is None
+    assert host_sharing(_ctx(), 4, ["a", "a", "b", "b"]) is None  # several hosts: not modelled as one
+    assert host_sharing(_ctx("nccl"), 4, ["h"] * 4) is None
+
+
+def test_the_compared_prediction_leaves_parameters_out():
+    costs = uniform(1, 1, 1, param_bytes=100, activation_memory=5)
+    stripped = without_parameters(costs)
+    assert stripped.stages[0].param_bytes == 0 and stripped.stages[0].activation_memory == 5

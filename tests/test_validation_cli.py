@@ -1,0 +1,83 @@
+"""`pipesched calibrate` and `pipesched validate` end to end on gloo (p = 2, a small
+model): the report's fields, loose accuracy bounds (CI machines are noisy), the files
+written, and bad input refused before any process starts."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from simulator.costs import load  # noqa: E402
+from simulator.trace import Trace  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--hidden", "128", "--microbatch-size", "16", "--repeats", "5", "--calibration-warmup", "2"]
+
+
+def pipesched(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipesched", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_validate_reports_predicted_against_measured(tmp_path):
+    proc = pipesched("validate", "zb-h1", "-p", "2", "-m", "8", *SMALL, "--steps", "3", "--warmup", "1",
+                     "--json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    for key in ("schedule", "predicted", "measured", "makespan_rel_error", "bubble_abs_error",
+                "start_time_error_p50", "start_time_error_p90", "peak_memory_rel_error", "per_rank", "per_op"):
+        assert key in doc, key
+    for side in ("predicted", "measured"):
+        assert {"makespan", "bubble_ratio", "per_rank"} <= set(doc[side])
+    assert doc["schedule"] == "zb-h1" and len(doc["per_rank"]) == 2 and doc["loss_matches_reference"]
+    # loose bounds: the prediction is in the right place even on a busy machine
+    assert abs(doc["makespan_rel_error"]) < 0.3, doc["makespan_rel_error"]
+    assert doc["bubble_abs_error"] < 0.15
+    assert abs(doc["peak_memory_rel_error"]) < 0.1
+    assert 0 <= doc["start_time_error_p50"] <= doc["start_time_error_p90"] < 0.3
+    predicted, measured = Trace.load(tmp_path / "predicted.json"), Trace.load(tmp_path / "measured.json")
+    assert predicted.source == "simulated" and measured.source == "measured"
+    assert (tmp_path / "validate.png").stat().st_size > 10_000
+    costs = load(tmp_path / "costs.json")
+    assert len(costs.model_stages) == 2 and costs.model_stages[0].activation_bytes == 16 * 128 * 4
+    # the cost file drives the simulator as any other
+    sim = pipesched("simulate", "zb-h1", "-p", "2", "-m", "8", "--costs", str(tmp_path / "costs.json"), "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["makespan"] == pytest.approx(doc["predicted"]["makespan"], rel=1e-9)
+
+
+def test_calibrate_writes_a_cost_file(tmp_path):
+    out = tmp_path / "costs.json"
+    proc = pipesched("calibrate", "zb-v", "-p", "2", "-m", "4", *SMALL, "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "T_F" in proc.stdout and "link: latency" in proc.stdout
+    costs = load(out)
+    assert len(costs.model_stages) == 4  # zb-v cuts the model in 2p
+    assert all(s.forward > 0 and s.backward_weight > 0 and s.activation_memory > 0 for s in costs.model_stages)
+    assert costs.network.intra.latency > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["calibrate", "1f1b", "-p", "2", "-m", "4", "-o", "/nonexistent/c.json"], "cannot write"),
+    (["calibrate", "1f1b", "-p", "2", "-m", "4", "-o", "c.json", "--repeats", "0"], "--repeats"),
+    (["calibrate", "1f1b", "-p", "2", "-m", "4", "-o", "c.json", "--hidden", "0"], "--hidden"),
+    (["validate", "dualpipe", "-p", "3", "-m", "4"], "even number of ranks"),
+    (["validate", "1f1b", "-p", "2", "-m", "4", "--steps", "0"], "--steps"),
+    (["validate", "1f1b", "-p", "2", "-m", "4", "--backend", "nccl"], "CUDA"),
+    (["validate", "1f1b", "-p", "2", "-m", "4", "--out", "/proc/x"], "cannot create"),
+])
+def test_bad_input_is_refused_in_one_line_before_launch(args, message, tmp_path):
+    if "--backend" in args:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    proc = pipesched(*args, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
