@@ -87,10 +87,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=15, help="calibration repetitions")
+    ap.add_argument("--recv-lookahead", type=int, default=2, help="receives posted this many ops ahead (-1: all)")
     ap.add_argument("--json", metavar="OUT.json")
     args = ap.parse_args()
     calibration = CalibrationOptions(repeats=args.repeats, timeout=600)
-    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=600, check=False)
+    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=600, check=False, lookahead=args.recv_lookahead)
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores ({platform.processor() or 'unknown CPU'}), "
           f"torch {torch.__version__}, gloo on CPU")
     print(f"{'model':<12} {'schedule':<17} {'p':>2} {'m':>3} {'predicted':>10} {'measured':>10} {'error':>8} "
@@ -103,7 +104,7 @@ def main() -> int:
         results = launch_local(run_cases, (cases, calibration, options), p, timeout=600)
         for (model, name, pp, m), schedule, _ in cases:
             costs, result = results[(model, name, pp, m)]
-            v = assemble(schedule, costs, result)
+            v = assemble(schedule, costs, result, options)
             c = v.comparison
             row = {"model": model, "schedule": name, "p": pp, "m": m, "predicted": c.predicted.makespan,
                    "measured": c.measured.makespan, "makespan_rel_error": c.makespan_rel_error,

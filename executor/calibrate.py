@@ -1,40 +1,40 @@
 """Calibration: measure the cost model of a model on this machine.
 
 Inside the ranks of a launched process group (the same backend, devices and thread
-settings a run gets), each rank in turn profiles the model stages it holds while the
-others wait at a barrier, so every profile is of a rank computing alone: T_F, T_B, T_W
-and the fused T_BW per model stage (medians after warm-up, through the same
-`StageModule` calls the runtime makes), the bytes an F saves for backward and the bytes
-a split B keeps for W, and the parameter bytes. Then every pair of ranks the schedule
-sends between plays ping-pong over the same process group at several sizes; a straight
-line through the one-way times gives latency + bytes / bandwidth. Rank 0 assembles a
-`simulator.costs.CostModel` whose `model_stages` are the profiles.
+settings a run gets):
 
+1. each rank in turn profiles the model stages it holds while the others wait at a
+   barrier (gloo waits sleep), so every profile is of a rank computing alone
+   (`executor.profile`): T_F, T_B, T_W, T_BW, what the first backward of a step saves,
+   the bytes F saves and B keeps, parameter bytes, the runtime's bookkeeping per op;
+2. where ranks share a host, as many as its cores hold profile again side by side in
+   lockstep: how much slower compute gets when all cores are busy (`interference`);
+3. every pair of ranks the schedule sends between plays ping-pong at several sizes
+   (latency and bandwidth), and measures what posting a send and a receive costs right
+   after an op (`executor.links`).
+
+Rank 0 assembles a `simulator.costs.CostModel`: `model_stages` from the profiles, the
+network, `host_overhead` and, on one host, `host` (sharing and interference).
 Units: seconds and bytes.
 """
 from __future__ import annotations
 
-import os
 import socket
 import statistics
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from schedules.graph import LOCAL
 from schedules.ir import Schedule
 from schedules.validate import validate
-from simulator.costs import CostModel, HostSharing, Link, Network, StageCost
+from simulator.costs import CostModel, HostOverhead, HostSharing, Link, Network, StageCost
 
-from .clock import CpuTimer, CudaTimer
-from .launch import RankContext, launch_local, run_here, threads_per_rank, under_torchrun
-from .memory import MemoryLedger
+from .comm import link_groups
+from .launch import RankContext, host_cores, launch_local, run_here, under_torchrun
+from .links import fit_link, pingpong, posting_costs
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
-from .clock import now
-from .stage import StageModule, held_bytes
+from .profile import OPS_PER_REPETITION, StageProfile, profile_stage, slowdown, stage_for_profiling
 
 PINGPONG_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes, besides the model's own boundaries
 
@@ -53,202 +53,110 @@ class CalibrationOptions:
 
 
 @dataclass
-class StageProfile:
-    """One model stage profiled on one rank (seconds, bytes)."""
+class _RankReport:
+    """What one rank measured (gathered to rank 0)."""
 
-    model_stage: int
-    rank: int
-    forward: float
-    backward_input: float
-    backward_weight: float
-    backward_full: float
-    activation_memory: float
-    weight_memory: float
-    param_bytes: float
-    first_backward_extra: float = 0.0   # the first W or BW of a step allocates the gradients
-    samples: dict[str, list[float]] = field(default_factory=dict)
-
-    def cost(self, activation_bytes: float) -> StageCost:
-        return StageCost(forward=self.forward, backward_input=self.backward_input,
-                         backward_weight=self.backward_weight, backward_full=self.backward_full,
-                         activation_bytes=activation_bytes, activation_memory=self.activation_memory,
-                         weight_memory=self.weight_memory, param_bytes=self.param_bytes)
+    host: str
+    cores: int
+    threads: int
+    stages: list[StageProfile]
+    slowdowns: list[float]                          # side by side against alone, per own stage
+    links: dict[tuple[int, int], list[float]]       # pair -> one-way seconds per size (lower rank only)
+    isend_posting: dict[tuple[int, int], float]     # pair -> seconds of the ping-pong's isend call
+    posting: dict[tuple[int, int], float]           # pair -> seconds to post a send (sender) or receive
 
 
-@dataclass
-class LinkProfile:
-    """Ping-pong between two ranks: one-way seconds per size, and the fitted line."""
-
-    ranks: tuple[int, int]
-    same_host: bool
-    sizes: list[int]
-    one_way: list[float]
-    latency: float
-    bandwidth: float
-
-
-def _timer(device: torch.device):
-    return CudaTimer(device) if device.type == "cuda" else CpuTimer()
-
-
-def profile_stage(sm: StageModule, x: torch.Tensor, target: torch.Tensor | None, grad: torch.Tensor | None,
-                  device: torch.device, repeats: int, warmup: int, rank: int = 0) -> StageProfile:
-    """Time F, B, W and BW of one stage module, one op at a time, as the runtime calls them.
-
-    A step starts with no parameter gradients, so the first backward of a stage in a step
-    (W or BW) also allocates them; later ones add into them. Each repetition therefore
-    runs, from no gradients: F, B, W (the first W), F, B, W, F, BW (steady), then again
-    from no gradients F, BW (the first BW). T_W and T_BW are the steady times;
-    `first_backward_extra` is what the first one costs on top (median over both kinds).
-    """
-    timer = _timer(device)
-    samples: dict[str, list[float]] = {"F": [], "B": [], "W": [], "BW": [], "W first": [], "BW first": []}
-    act, kept = [], []
-    plan = (("F", "B", "W first", "F", "B", "W", "F", "BW"), ("F", "BW first"))
-    for i in range(warmup + repeats):
-        marks = []
-        for sequence in plan:
-            for p in sm.params:
-                p.grad = None
-            if isinstance(timer, CudaTimer):
-                timer.start_step()
-            state = held = None
-            for op in sequence:
-                start = timer.mark()
-                if op == "F":
-                    state, _ = sm.forward(0, x.detach().clone(), target)
-                elif op == "B":
-                    _, held = sm.backward_input(state, grad)
-                elif op.startswith("W"):
-                    sm.backward_weight(held)
-                else:
-                    sm.backward_full(state, grad)
-                marks.append((op, start, timer.mark()))
-                if op == "F" and i >= warmup:
-                    act.append(held_bytes(state.boxes, []))
-                elif op == "B" and i >= warmup:
-                    kept.append(held_bytes(held.boxes, held.groups))
-            timer.sync()
-            if i >= warmup:
-                for op, a, b in marks:
-                    samples[op].append(timer.seconds(b) - timer.seconds(a))
-            marks = []
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    extra = max(0.0, statistics.fmean((med["W first"] - med["W"], med["BW first"] - med["BW"])))
-    param_bytes = sum(p.numel() * p.element_size() for p in sm.params)
-    for p in sm.params:
-        p.grad = None
-    return StageProfile(sm.model_stage, rank, med["F"], med["B"], med["W"], med["BW"],
-                        float(statistics.median(act)), float(statistics.median(kept)), float(param_bytes), extra,
-                        samples)
-
-
-def _stage_inputs(model: PipelineModel, specs: list[TensorSpec], k: int, device: torch.device):
-    """(input, target, output gradient) for profiling model stage k on `device`."""
-    gen = torch.Generator().manual_seed(1234 + k)
-    last = k == len(model.stages) - 1
-    x = model.inputs[0] if k == 0 else torch.randn(specs[k - 1].shape, generator=gen, dtype=torch.float64)
-    x = x.to(device, specs[k - 1].dtype if k else model.inputs[0].dtype)
-    target = model.targets[0].to(device) if last else None
-    grad = None if last else torch.randn(specs[k].shape, generator=gen, dtype=torch.float64).to(device, specs[k].dtype)
-    return x, target, grad
+def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
+    """(sender, receiver) of every link the schedule transfers over, sorted."""
+    graph = validate(schedule)
+    return sorted({graph.edge_ranks(e) for e in graph.transfers})
 
 
 def links_of(schedule: Schedule) -> list[tuple[int, int]]:
     """Unordered rank pairs the schedule transfers between, sorted."""
-    graph = validate(schedule)
-    pairs = {tuple(sorted(graph.edge_ranks(e))) for e, edge in enumerate(graph.edges) if edge.kind != LOCAL}
-    return sorted(pairs)  # type: ignore[arg-type]
+    return sorted({tuple(sorted(link)) for link in directed_links(schedule)})  # type: ignore[misc]
 
 
-def pingpong(ctx: RankContext, pair: tuple[int, int], sizes: list[int], repeats: int, warmup: int) -> list[float]:
-    """One-way seconds per size between the ranks of `pair` (median round trip / 2), with
-    isend/irecv and waits as the runtime uses them; the other ranks return []."""
-    a, b = pair
-    if ctx.rank not in pair:
-        return []
-    peer = b if ctx.rank == a else a
-    staged = ctx.backend == "gloo-cuda"
-    device = torch.device("cpu") if ctx.backend in ("gloo", "gloo-cuda") else ctx.device
-    wait = timedelta(seconds=ctx.timeout)
-    out = []
-    for size in sizes:
-        buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
-        src = torch.zeros_like(buf, device=ctx.device) if staged else buf
-        trips = []
-        for i in range(warmup + repeats):
-            start = now()
-            if ctx.rank == a:
-                dist.isend(src.to("cpu") if staged else src, peer, tag=i).wait(wait)
-                dist.irecv(buf, peer, tag=i).wait(wait)
-            else:
-                dist.irecv(buf, peer, tag=i).wait(wait)
-                if staged:
-                    buf.to(ctx.device)
-                dist.isend(src.to("cpu") if staged else buf, peer, tag=i).wait(wait)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            if i >= warmup:
-                trips.append(now() - start)
-        out.append(statistics.median(trips) / 2)
-    return out
-
-
-def fit_link(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
-    """(latency s, bandwidth bytes/s) of the least-squares line through the points; a
-    flat or falling line means no measurable bandwidth limit (infinite)."""
-    slope, intercept = np.polyfit(np.asarray(sizes, float), np.asarray(one_way, float), 1)
-    latency = max(0.0, float(intercept))
-    bandwidth = float("inf") if slope <= 0 else 1.0 / float(slope)
-    return latency, bandwidth
-
-
-@dataclass
-class _RankProfiles:
-    host: str
-    stages: list[StageProfile]
-    links: dict[tuple[int, int], list[float]]
+def side_by_side_groups(world: int, cores: int, threads: int) -> list[list[int]]:
+    """Ranks that profile together: as many as the host's cores hold at once."""
+    size = max(1, cores // max(1, threads))
+    groups = [list(range(i, min(world, i + size))) for i in range(0, world, size)] if size > 1 else []
+    return [g for g in groups if len(g) > 1]
 
 
 def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
                    options: CalibrationOptions = CalibrationOptions()) -> CostModel | None:
-    """Collective: every rank profiles its model stages in turn, then the links are
-    ping-ponged; rank 0 returns the cost model (None elsewhere)."""
+    """Collective: every rank calls it; rank 0 returns the cost model (None elsewhere)."""
     built = model.build(schedule.num_model_stages, schedule.microbatches) if isinstance(model, ExampleModel) else model
     specs = check_model(built, schedule.num_model_stages, schedule.microbatches)
     own = sorted({schedule.stages[s].model_stage for s in schedule.stages_of_rank(ctx.rank)})
-    profiles = []
+    stages = {k: stage_for_profiling(built, specs, k, ctx.device) for k in own}
+    hosts: list = [None] * ctx.world
+    dist.all_gather_object(hosts, socket.gethostname())
+    one_host = len(set(hosts)) == 1
+    cores = host_cores()
+    threads = torch.get_num_threads()
+
+    alone = []
     for turn in range(ctx.world):
         dist.barrier()
-        if turn != ctx.rank:
-            continue
-        for k in own:
-            module = built.stages[k].to(ctx.device)
-            ledger = MemoryLedger(now, [p for p in module.parameters()])
-            sm = StageModule(module, k, schedule.num_model_stages, built.loss_fn, built.scale, ledger)
-            x, target, grad = _stage_inputs(built, specs, k, ctx.device)
-            profiles.append(profile_stage(sm, x, target, grad, ctx.device, options.repeats, options.warmup, ctx.rank))
-            for p in module.parameters():
-                p.grad = None
+        if turn == ctx.rank:
+            alone = [profile_stage(*stages[k], ctx.device, options.repeats, options.warmup, ctx.rank) for k in own]
+
+    slowdowns = []
+    groups = side_by_side_groups(ctx.world, cores, threads) if one_host and ctx.device.type == "cpu" else []
+    barriers = (options.warmup + options.repeats) * OPS_PER_REPETITION
+    for group in groups:  # in lockstep: a barrier before every op, so the group computes together
+        for i in range(_max_stages(schedule)):
+            dist.barrier()
+            if ctx.rank in group and i < len(own):
+                together = profile_stage(*stages[own[i]], ctx.device, options.repeats, options.warmup, ctx.rank,
+                                         before_op=dist.barrier)
+                slowdowns.append(slowdown(alone[i], together))
+            else:
+                for _ in range(barriers):
+                    dist.barrier()
+
     sizes = sorted(set(options.sizes) | {s.nbytes for s in specs[:-1]})
-    links = {}
+    links, isend_posting, posting = {}, {}, {}
+    first = own[0]
+    sm, x, target, grad = stages[first]
+
+    def run_op() -> None:  # one of this rank's own ops, as before a transfer in a step
+        state, _ = sm.forward(0, x.detach().clone(), target)
+        sm.backward_full(state, grad)
+
+    groups = None if ctx.backend == "nccl" else link_groups(directed_links(schedule))  # as the runtime's
     for pair in links_of(schedule):
         dist.barrier()
-        times = pingpong(ctx, pair, sizes, options.repeats, options.warmup)
-        if times:
-            links[pair] = times
+        times, isend = pingpong(ctx, pair, sizes, options.repeats, options.warmup, groups)
+        if times and ctx.rank == pair[0]:
+            links[pair], isend_posting[pair] = times, isend
+        spec = specs[min(len(specs) - 2, max(0, own[-1]))] if len(specs) > 1 else specs[0]
+        dist.barrier()
+        send, recv = posting_costs(ctx, pair, spec, run_op, options.repeats, options.warmup, groups)
+        if ctx.rank in pair:
+            posting[pair] = send if ctx.rank == pair[0] else recv
+    for p in sm.params:
+        p.grad = None
     dist.barrier()
-    mine = _RankProfiles(socket.gethostname(), profiles, links)
+    mine = _RankReport(hosts[ctx.rank], cores, threads, alone, slowdowns, links, isend_posting, posting)
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if ctx.rank != 0:
         return None
-    return assemble(schedule, specs, gathered, sizes, ctx)
+    return assemble(schedule, specs, gathered, sizes, ctx.backend, str(ctx.device.type))
 
 
-def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankProfiles], sizes: list[int],
-             ctx: RankContext) -> CostModel:
-    """The cost model from every rank's profiles (rank 0)."""
+def _max_stages(schedule: Schedule) -> int:
+    """The most model stages any rank holds (every rank loops this often in lockstep)."""
+    return max(len({schedule.stages[s].model_stage for s in schedule.stages_of_rank(r)})
+               for r in range(schedule.ranks))
+
+
+def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankReport], sizes: list[int],
+             backend: str = "gloo", device: str = "cpu") -> CostModel:
+    """The cost model from every rank's report (on rank 0)."""
     by_stage: dict[int, list[StageProfile]] = {}
     for rep in reports:
         for prof in rep.stages:
@@ -256,39 +164,49 @@ def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankPro
     stages = []
     for k in range(schedule.num_model_stages):
         profs = by_stage[k]  # replicas (DualPipe) were profiled on each holder: their mean
-        mean = lambda name: statistics.fmean(getattr(p, name) for p in profs)  # noqa: E731
-        merged = StageProfile(k, profs[0].rank, mean("forward"), mean("backward_input"), mean("backward_weight"),
-                              mean("backward_full"), mean("activation_memory"), mean("weight_memory"),
-                              mean("param_bytes"))
-        stages.append(merged.cost(float(specs[k].nbytes) if k < len(specs) - 1 else 0.0))
-    link_profiles = []
-    for rep in reports:
+
+        def mean(name: str) -> float:
+            return statistics.fmean(getattr(p, name) for p in profs)
+
+        stages.append(StageCost(
+            forward=mean("forward"), backward_input=mean("backward_input"), backward_weight=mean("backward_weight"),
+            backward_full=mean("backward_full"), activation_bytes=float(specs[k].nbytes) if k < len(specs) - 1 else 0.0,
+            activation_memory=mean("activation_memory"), weight_memory=mean("weight_memory"),
+            param_bytes=mean("param_bytes"), grad_accumulate=mean("grad_accumulate")))
+    hosts = [r.host for r in reports]
+    link_rows = []
+    for a, rep in enumerate(reports):
         for pair, times in rep.links.items():
-            if pair[0] == reports.index(rep):  # each pair once, from its lower rank
-                same = reports[pair[0]].host == reports[pair[1]].host
-                lat, bw = fit_link(sizes, times)
-                link_profiles.append(LinkProfile(pair, same, sizes, times, lat, bw))
-    network = _network(link_profiles, reports)
-    host = host_sharing(ctx, schedule.ranks, [r.host for r in reports])
-    meta = {"calibrated": {
-        "backend": ctx.backend, "device": str(ctx.device.type), "threads_per_rank": torch.get_num_threads(),
-        "links": [{"ranks": list(l.ranks), "same_host": l.same_host, "sizes": l.sizes, "one_way": l.one_way,
-                   "latency": l.latency, "bandwidth": l.bandwidth} for l in link_profiles],
-        "model_stages": schedule.num_model_stages}}
-    return CostModel(stages=(stages[0],), model_stages=tuple(stages), network=network, host=host,
-                     meta=meta).check()
+            latency, bandwidth = fit_link(sizes, times)
+            # the ping-pong's one-way time includes posting the isend, which the simulator charges to the sender
+            latency = max(0.0, latency - rep.isend_posting[pair])
+            link_rows.append({"ranks": list(pair), "same_host": hosts[pair[0]] == hosts[pair[1]], "sizes": sizes,
+                              "one_way": times, "latency": latency, "bandwidth": bandwidth,
+                              "isend_posting": rep.isend_posting[pair]})
+    sends = [t for i, r in enumerate(reports) for pair, t in r.posting.items() if pair[0] == i]
+    recvs = [t for i, r in enumerate(reports) for pair, t in r.posting.items() if pair[1] == i]
+    overhead = HostOverhead(
+        per_op=statistics.median(p.bookkeeping for r in reports for p in r.stages),
+        per_send=statistics.median(sends) if sends else 0.0, per_recv=statistics.median(recvs) if recvs else 0.0)
+    slowdowns = [s for r in reports for s in r.slowdowns]
+    host = host_sharing(backend, reports[0].cores, reports[0].threads, schedule.ranks, hosts,
+                        max(0.0, statistics.median(slowdowns)) if slowdowns else 0.0)
+    meta = {"calibrated": {"backend": backend, "device": device, "threads_per_rank": reports[0].threads,
+                           "cores": reports[0].cores, "links": link_rows, "slowdowns_side_by_side": slowdowns,
+                           "model_stages": schedule.num_model_stages}}
+    return CostModel(stages=(stages[0],), model_stages=tuple(stages), network=_network(link_rows, hosts),
+                     host=host, host_overhead=overhead, meta=meta).check()
 
 
-def _network(links: list[LinkProfile], reports: list[_RankProfiles]) -> Network:
-    """One intra-host link (the median of the pairs' fits) and, across hosts, another."""
-    def median_link(group: list[LinkProfile]) -> Link:
-        return Link(statistics.median(l.latency for l in group), statistics.median(l.bandwidth for l in group))
+def _network(rows: list[dict], hosts: list[str]) -> Network:
+    """One link within a host (the median of the pairs' fits) and, across hosts, another."""
+    def median_link(group: list[dict]) -> Link:
+        return Link(statistics.median(r["latency"] for r in group), statistics.median(r["bandwidth"] for r in group))
 
-    intra = [l for l in links if l.same_host]
-    inter = [l for l in links if not l.same_host]
+    intra = [r for r in rows if r["same_host"]]
+    inter = [r for r in rows if not r["same_host"]]
     if not inter:
         return Network(median_link(intra) if intra else Link())
-    hosts = [r.host for r in reports]
     per_host = {h: hosts.count(h) for h in hosts}
     rpn = next(iter(per_host.values()))
     contiguous = all(hosts[i] == hosts[i - i % rpn] for i in range(len(hosts)))
@@ -297,23 +215,27 @@ def _network(links: list[LinkProfile], reports: list[_RankProfiles]) -> Network:
     return Network(median_link(intra) if intra else median_link(inter), median_link(inter), rpn)
 
 
-def host_sharing(ctx: RankContext, ranks: int, hosts: list[str]) -> HostSharing | None:
-    """How ranks on one host share it, or None when each has its own cores or GPU.
-    gloo-cuda ranks time-slice one GPU when there are more ranks than GPUs; CPU ranks
-    share the cores when ranks x threads exceed them. gloo waits sleep, so a waiting
-    rank asks for no core."""
+def host_sharing(backend: str, cores: int, threads: int, ranks: int, hosts: list[str],
+                 interference: float = 0.0) -> HostSharing | None:
+    """How ranks on one host share it, or None when it is not modelled (several hosts,
+    or one GPU per rank). gloo-cuda ranks time-slice the GPUs; CPU ranks share the cores
+    (and slow each other down by `interference` when all are busy). gloo waits sleep, so
+    a waiting rank asks for no core."""
     if len(set(hosts)) != 1:
         return None
-    if ctx.backend == "gloo-cuda":
-        gpus = torch.cuda.device_count()
+    if backend == "gloo-cuda":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 1
         return HostSharing(capacity=float(gpus)) if ranks > gpus else None
-    if ctx.backend != "gloo":
+    if backend != "gloo":
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = threads_per_rank(ranks)
-    if ranks * threads <= cores:
+    if ranks * threads <= cores and interference == 0.0:
         return None
-    return HostSharing(capacity=float(cores), compute_demand=float(threads))
+    return HostSharing(capacity=float(cores), compute_demand=float(threads), interference=interference)
+
+
+def oversubscribed(host: HostSharing | None, ranks: int) -> bool:
+    """Whether the ranks ask for more processors than the host has."""
+    return host is not None and ranks * host.compute_demand > host.capacity
 
 
 def calibrate(schedule: Schedule, model: PipelineModel | ExampleModel,

@@ -16,10 +16,11 @@ from torch import Tensor
 
 from schedules.graph import ACTIVATION, LOCAL, TaskGraph
 from schedules.ir import B, BW, F, W, Task
+from simulator.posting import receive_posts
 
 from . import replicas
 from .clock import CpuTimer, CudaTimer, now
-from .comm import GlooTransport, NcclTransport, Transfer
+from .comm import GlooTransport, NcclTransport, Transfer, link_groups
 from .memory import MemoryLedger
 from .models import PipelineModel, TensorSpec
 from .stage import StageModule, held_bytes
@@ -45,8 +46,9 @@ class RankStep:
 class Posting:
     """When each receive is posted: before unit i the rank posts `before[i]`.
 
-    gloo matches by tag, so receives are posted `lookahead` units ahead of their op (all
-    of them when lookahead < 0). NCCL matches a link's messages in order, so a receive
+    gloo matches by tag, so each receive is posted ahead of its op by the rule of
+    `simulator.posting` (at least `lookahead` units ahead, earlier when the sender will
+    produce it sooner; all at the start when lookahead < 0). NCCL matches a link's messages in order, so a receive
     is posted just before its unit together with any earlier message of its link in
     the sender's order (which keeps NCCL's per-link streams free of cycles)."""
 
@@ -54,9 +56,10 @@ class Posting:
         n = len(recv_edges)
         self.before: list[list[int]] = [[] for _ in range(n)]
         if not in_order:
-            for i, edges in enumerate(recv_edges):
-                at = 0 if lookahead < 0 else max(0, i - lookahead)
-                self.before[at].extend(edges)
+            posts = receive_posts(graph, lookahead)  # the rule the simulator models too
+            for edges in recv_edges:
+                for e in edges:
+                    self.before[posts[e]].append(e)
             return
         sender_order = {e: k for k, e in enumerate(
             e for r in range(graph.schedule.ranks) for u in graph.rank_units[r] for t in graph.units[u]
@@ -103,12 +106,15 @@ class RankRuntime:
         recv_edges = [[e for t in unit for e in graph.task_inputs[t] if e in self.transfers] for unit in self.units]
         nccl = backend == "nccl"
         self.posting = Posting(graph, rank, recv_edges, 0 if nccl else lookahead, in_order=nccl)
+        links = [graph.edge_ranks(e) for e in graph.transfers]
+        groups = None if nccl else link_groups(links)  # collective: every rank builds the same groups
         transport = NcclTransport if nccl else GlooTransport
-        self.transport = transport(rank, timeout, self.ledger, device, len(self.transfers))
+        self.transport = transport(rank, timeout, self.ledger, device, len(self.transfers), groups)
         self.inputs = [x.to(device) for x in model.inputs]
         self.targets = [y.to(device) for y in model.targets]
         self.local: dict[int, Any] = {}
         self.local_keys: dict[int, int | None] = {}
+        self.arrived: dict[int, Any] = {}  # received ahead of their op (the inputs of a pair)
 
     # --- one step ---------------------------------------------------------------------
 
@@ -144,6 +150,11 @@ class RankRuntime:
         for i, unit in enumerate(self.units):
             self._post(self.posting.before[i])
             self.transport.check()
+            if len(unit) > 1:  # a pair runs as one unit: every input first, as DualPipe's F&B does
+                for t in unit:
+                    for e in self.graph.task_inputs[t]:
+                        if e in self.transfers:
+                            self.arrived[e] = self._take(e)
             for t in unit:
                 marks.append(self._run(t, losses))
         waited = now()
@@ -161,6 +172,8 @@ class RankRuntime:
             self.transport.post_recvs([(self.transfers[e], self.specs[e]) for e in edges])
 
     def _take(self, e: int) -> Any:
+        if e in self.arrived:
+            return self.arrived.pop(e)
         if e in self.transfers:
             waited = now()
             value = self.transport.take(self.transfers[e])

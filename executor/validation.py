@@ -23,7 +23,7 @@ from simulator.costs import CostModel
 from simulator.memory import resident_bytes
 from simulator.trace import Trace
 
-from .calibrate import CalibrationOptions, calibrate_here
+from .calibrate import CalibrationOptions, calibrate_here, oversubscribed
 from .job import RunOptions, RunResult, run_schedule
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
@@ -40,8 +40,9 @@ class Validation:
 
     @property
     def shared(self) -> bool:
-        """Whether the ranks shared compute (and the simulation modelled it)."""
-        return self.costs.host is not None
+        """Whether the ranks asked for more processors than the host has (the simulation
+        shares them; timings on dedicated hardware will differ)."""
+        return oversubscribed(self.costs.host, self.measured.ranks)
 
     def summary(self) -> dict:
         """The `pipesched validate --json` document."""
@@ -59,9 +60,9 @@ class Validation:
             "schedule": self.measured.schedule, "ranks": self.measured.ranks,
             "microbatches": self.measured.microbatches, "backend": self.run.backend,
             "model": self.measured.meta.get("model"),
-            "shared_compute": None if host is None else {"capacity": host.capacity,
-                                                         "compute_demand": host.compute_demand,
-                                                         "wait_demand": host.wait_demand},
+            "shared_compute": self.shared,
+            "host": None if host is None else {"capacity": host.capacity, "compute_demand": host.compute_demand,
+                                               "wait_demand": host.wait_demand, "interference": host.interference},
             "predicted": side(c.predicted, self.predicted), "measured": side(c.measured, self.measured),
             "makespan_rel_error": c.makespan_rel_error, "bubble_abs_error": c.bubble_abs_error,
             "start_time_error_p50": c.start_time_error_p50, "start_time_error_p90": c.start_time_error_p90,
@@ -116,11 +117,13 @@ def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, o
     if out is None:
         return None
     costs, result = out
-    return assemble(schedule, costs, result)
+    return assemble(schedule, costs, result, options)
 
 
-def assemble(schedule: Schedule, costs: CostModel, result: RunResult) -> Validation:
-    """Simulate under `costs` and compare with the run."""
+def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: RunOptions = RunOptions()
+             ) -> Validation:
+    """Simulate under `costs` (receives posted as the run posted them) and compare with the run."""
+    costs = replace(costs, recv_lookahead=0 if result.backend == "nccl" else options.lookahead)
     graph = validate(schedule)
     predicted = predict(schedule, costs)
     comparison = compare(predicted, result.trace)

@@ -43,6 +43,9 @@ class StageCost:
     weight_memory: bytes a split B leaves held until its W: the part of the activations W
         still needs plus the gradients B captured for it (so it may exceed activation_memory).
     param_bytes: resident bytes of this stage's parameters, gradients and optimizer state.
+    grad_accumulate: seconds of T_W / T_BW spent adding the weight gradients into those of
+        earlier microbatches; the first W or BW of a stage in a step (on a rank) only
+        keeps its gradients and takes that much less.
     """
 
     forward: float = 1.0
@@ -54,6 +57,7 @@ class StageCost:
     activation_memory: float = 0.0
     weight_memory: float = 0.0
     param_bytes: float = 0.0
+    grad_accumulate: float = 0.0
 
     def check(self, where: str) -> None:
         for f in fields(self):
@@ -72,7 +76,7 @@ class StageCost:
             backward_weight=self.backward_weight * k,
             backward_full=None if self.backward_full is None else self.backward_full * k,
             activation_memory=self.activation_memory * k, weight_memory=self.weight_memory * k,
-            param_bytes=self.param_bytes * k)
+            param_bytes=self.param_bytes * k, grad_accumulate=self.grad_accumulate * k)
 
     def op_time(self, op: str) -> float:
         if op == F:
@@ -131,17 +135,44 @@ class Network:
 
 
 @dataclass(frozen=True)
+class HostOverhead:
+    """Host time a rank spends outside its ops (seconds): after each program unit
+    (`per_op`: bookkeeping), posting each send after its op (`per_send`; the transfer
+    starts once posted) and posting each receive before the unit it is posted at
+    (`per_recv`, see CostModel.recv_lookahead). The rank cannot compute meanwhile, but
+    the time is not part of any op's span."""
+
+    per_op: float = 0.0
+    per_send: float = 0.0
+    per_recv: float = 0.0
+
+    def check(self) -> "HostOverhead":
+        for name in ("per_op", "per_send", "per_recv"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise CostError(f"host_overhead.{name} must be a finite number of seconds >= 0, got {value!r}")
+        return self
+
+    @property
+    def any(self) -> bool:
+        return bool(self.per_op or self.per_send or self.per_recv)
+
+
+@dataclass(frozen=True)
 class HostSharing:
     """Ranks sharing compute (see simulator.sharing): `capacity` cores, or 1 for one GPU
     shared by time slicing; a computing rank asks for `compute_demand` cores, a rank
-    waiting for data for `wait_demand` (a polling communication library)."""
+    waiting for data for `wait_demand` (a polling communication library).
+    `interference`: how much slower compute runs when every core is busy than when one
+    is (shared caches and memory bandwidth; 0.1 = 10 % slower), in between pro rata."""
 
     capacity: float
     compute_demand: float = 1.0
     wait_demand: float = 0.0
+    interference: float = 0.0
 
     def check(self) -> "HostSharing":
-        for name in ("capacity", "compute_demand", "wait_demand"):
+        for name in ("capacity", "compute_demand", "wait_demand", "interference"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host.{name} must be a finite number >= 0, got {value!r}")
@@ -164,6 +195,7 @@ class CostModel:
     blocking_sends: a rank waits for its sends to complete before its next op.
     op_overhead: seconds added to every compute op (launch and bookkeeping).
     host: ranks share compute (None: every rank has its own).
+    host_overhead: the runtime's host time outside ops (bookkeeping, posting transfers).
     comm_buffers: memory counts the payloads of transfers and V-turn hand-overs while
         buffered (see simulator.memory).
     recv_lookahead: receives are posted this many program units ahead of the op that
@@ -178,6 +210,7 @@ class CostModel:
     blocking_sends: bool = False
     op_overhead: float = 0.0
     host: HostSharing | None = None
+    host_overhead: HostOverhead = HostOverhead()
     comm_buffers: bool = True
     recv_lookahead: int = 2
     meta: dict = field(default_factory=dict, compare=False)
@@ -201,6 +234,9 @@ class CostModel:
             raise CostError(f"recv_lookahead must be an integer (< 0: all at the start), got {self.recv_lookahead!r}")
         if self.host is not None:
             self.host.check()
+        if not isinstance(self.host_overhead, HostOverhead):
+            raise CostError("host_overhead must be an object with per_op, per_send and per_recv")
+        self.host_overhead.check()
         return self
 
     def model_stage_costs(self, ranks: int, num_model_stages: int) -> list[StageCost]:
@@ -273,7 +309,7 @@ def from_dict(data: Any) -> CostModel:
     if fmt != FORMAT:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
-               "blocking_sends", "op_overhead", "host", "comm_buffers", "recv_lookahead", "meta"}
+               "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead", "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -315,13 +351,21 @@ def from_dict(data: Any) -> CostModel:
     if host is not None:
         if not isinstance(host, dict) or "capacity" not in host:
             raise CostError("host must be an object with capacity (and compute_demand, wait_demand)")
-        unknown = sorted(set(host) - {"capacity", "compute_demand", "wait_demand"})
+        unknown = sorted(set(host) - {"capacity", "compute_demand", "wait_demand", "interference"})
         if unknown:
-            raise CostError(f"host has unknown field {unknown[0]!r}; fields are capacity, compute_demand, wait_demand")
+            raise CostError(f"host has unknown field {unknown[0]!r}; fields are capacity, compute_demand, "
+                            "wait_demand, interference")
         host = HostSharing(**host)
+    overhead = data.get("host_overhead", {})
+    if not isinstance(overhead, dict):
+        raise CostError("host_overhead must be an object with per_op, per_send and per_recv (seconds)")
+    unknown = sorted(set(overhead) - {"per_op", "per_send", "per_recv"})
+    if unknown:
+        raise CostError(f"host_overhead has unknown field {unknown[0]!r}; fields are per_op, per_send, per_recv")
+    host_overhead = HostOverhead(**overhead)
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
-                     op_overhead=data.get("op_overhead", 0.0), host=host,
+                     op_overhead=data.get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
                      meta=meta).check()
 
@@ -350,7 +394,10 @@ def to_dict(model: CostModel) -> dict:
                comm_buffers=model.comm_buffers, recv_lookahead=model.recv_lookahead)
     if model.host is not None:
         doc["host"] = {"capacity": model.host.capacity, "compute_demand": model.host.compute_demand,
-                       "wait_demand": model.host.wait_demand}
+                       "wait_demand": model.host.wait_demand, "interference": model.host.interference}
+    if model.host_overhead.any:
+        o = model.host_overhead
+        doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv}
     if model.meta:
         doc["meta"] = model.meta
     return doc

@@ -50,32 +50,60 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
     edge_link, edge_time = timing.edge_link, timing.edge_time
     contention, blocking = timing.contention, timing.blocking_sends
 
+    pre, post, offset = timing.unit_pre, timing.unit_post, timing.edge_offset
+    task_start = [0.0] * len(graph.tasks)
+    task_end = [0.0] * len(graph.tasks)
+    serial = timing.serial_pairs and timing.task_offset is not None
+
     def send(e: int) -> Arrival:
         now = env.now
         link = edge_link[e]
-        start = max(now, link_free[link]) if contention else now
+        posted = now + offset[e] if offset else now
+        start = max(posted, link_free[link]) if contention else posted
         end = start + edge_time[e]
         link_free[link] = end
         edge_start[e], edge_end[e] = start, end
         arrived[e].at(end - now)
         return arrived[e]
 
+    def busy(r: int, seconds: float):
+        """The rank occupied for `seconds` of dedicated work (shared under a host)."""
+        return env.timeout(seconds) if host is None else host.compute(r, seconds)
+
     def rank(r: int) -> Generator:
         inputs, outputs, units = graph.task_inputs, graph.task_outputs, graph.units
         for u in graph.rank_units[r]:
             members = units[u]
+            if pre and pre[u]:
+                yield busy(r, pre[u])
             for t in members:
                 for e in inputs[t]:
                     ev = arrived[e]
                     if ev is not None and not ev.processed:
                         yield ev
             unit_start[u] = env.now
-            if host is None:
-                yield env.timeout(timing.unit_time[u])
+            sent = []
+            if serial and len(members) == 2:  # one op, its sends, the other op, its sends
+                a, b = members
+                task_start[a] = env.now
+                yield busy(r, timing.task_time[a])
+                task_end[a] = env.now
+                sent += [send(e) for e in outputs[a] if edge_link[e] >= 0]
+                between = timing.task_offset[b] - timing.task_time[a]
+                if between > 0:
+                    yield busy(r, between)
+                task_start[b] = env.now
+                yield busy(r, timing.task_time[b])
+                task_end[b] = env.now
+                sent += [send(e) for e in outputs[b] if edge_link[e] >= 0]
             else:
-                yield host.compute(r, timing.unit_time[u])
+                yield busy(r, timing.unit_time[u])
+                for t in members:
+                    task_start[t], task_end[t] = unit_start[u], env.now
+                sent = [send(e) for t in members for e in outputs[t] if edge_link[e] >= 0]
             unit_end[u] = env.now
-            sent = [send(e) for t in members for e in outputs[t] if edge_link[e] >= 0]
+            if post and post[u]:
+                yield busy(r, post[u])
             if blocking:
                 for ev in sent:
                     if not ev.processed:
@@ -86,4 +114,4 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
     for r in range(graph.schedule.ranks):
         env.process(rank(r))
     env.run()
-    return Timeline(unit_start, unit_end, edge_start, edge_end)
+    return Timeline(unit_start, unit_end, edge_start, edge_end, task_start, task_end)

@@ -4,7 +4,9 @@ For deterministic costs the timeline is a longest-path computation over the unit
 topological order: a unit starts when its rank is free and every input has arrived.
 Transfers on a directed link are served in the order the sender issues them, and a
 rank issues sends in program order, so FIFO link contention is static too and stays
-inside the longest path. Blocking sends hold the sender until the transfer ends.
+inside the longest path. Blocking sends hold the sender until the transfer ends. Host
+time outside ops (`Timing.unit_pre`, `unit_post`) occupies the rank before and after a
+unit; a transfer starts once its send is posted (`edge_offset` after the unit's end).
 """
 from __future__ import annotations
 
@@ -16,12 +18,14 @@ from .timing import Timeline, Timing
 
 
 def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
-    """Earliest start and end of every unit and transfer (seconds)."""
+    """Earliest start and end of every unit, task and transfer (seconds)."""
     if not graph.topo_units and graph.units:
         raise ValueError("graph has no topological order: validate the schedule first")
-    n_units, n_edges = len(graph.units), len(graph.edges)
+    n_units, n_edges, n_tasks = len(graph.units), len(graph.edges), len(graph.tasks)
     unit_start = [0.0] * n_units
     unit_end = [0.0] * n_units
+    task_start = [0.0] * n_tasks
+    task_end = [0.0] * n_tasks
     edge_start = [math.nan] * n_edges
     edge_end = [math.nan] * n_edges
     arrival = [0.0] * n_edges
@@ -31,9 +35,13 @@ def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
     inputs, outputs = graph.task_inputs, graph.task_outputs
     unit_time, edge_time, edge_link = timing.unit_time, timing.edge_time, timing.edge_link
     contention, blocking = timing.contention, timing.blocking_sends
+    no_host = [0.0] * n_units
+    pre, post = timing.unit_pre or no_host, timing.unit_post or no_host
+    offset = timing.edge_offset or [0.0] * n_edges
+    task_offset, task_len = timing.task_offset, timing.task_len
     for u in graph.topo_units:
         r = unit_rank[u]
-        t = rank_free[r]
+        t = rank_free[r] + pre[u]
         members = units[u]
         for task in members:
             for e in inputs[task]:
@@ -42,14 +50,20 @@ def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
         end = t + unit_time[u]
         unit_start[u] = t
         unit_end[u] = end
-        free = end
+        free = end + post[u]
         for task in members:
+            if task_offset is None:
+                task_start[task], ready = t, end
+            else:
+                task_start[task] = t + task_offset[task]
+                ready = task_start[task] + task_len[task]
+            task_end[task] = ready
             for e in outputs[task]:
                 link = edge_link[e]
                 if link < 0:
-                    arrival[e] = end
+                    arrival[e] = ready
                     continue
-                s = end
+                s = ready + offset[e]
                 if contention and link_free[link] > s:
                     s = link_free[link]
                 f = s + edge_time[e]
@@ -59,7 +73,7 @@ def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
                 if blocking and f > free:
                     free = f
         rank_free[r] = free
-    return Timeline(unit_start, unit_end, edge_start, edge_end)
+    return Timeline(unit_start, unit_end, edge_start, edge_end, task_start, task_end)
 
 
 def makespan_under(schedule, op_time) -> float:

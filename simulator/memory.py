@@ -4,8 +4,8 @@ An F stores its stage's `activation_memory` from its start; a fused BW frees it 
 end; a split B leaves `weight_memory` held at its end (what W needs, which may be more
 than the F stored: B's captured gradients) and the W frees that at its end. With communication buffers counted (`CostModel.comm_buffers`), a transfer's payload
 is held by the sender from the producing op's end until the transfer ends, and by the
-receiver from the moment its receive is posted (`recv_lookahead` units ahead of the
-consumer, as the executor posts them) until the consumer starts; a tensor handed over at
+receiver from the moment its receive is posted (by the executor's rule,
+`simulator.posting`) until the consumer starts; a tensor handed over at
 a V turn is held from its producer's end until its consumer starts. Frees at the same
 instant as an allocation count first, so back-to-back ops do not add up. Units: seconds
 and bytes.
@@ -30,8 +30,11 @@ def resident_bytes(graph: TaskGraph, stage_costs: list[StageCost]) -> list[float
 
 def buffer_intervals(graph: TaskGraph, edge_bytes: list[float], recv_lookahead: int, unit_start: list[float],
                      unit_end: list[float], edge_end: list[float]) -> list[tuple[int, float, float, float]]:
-    """(rank, from, to, bytes) of every communication and hand-over buffer."""
-    position = {u: i for ids in graph.rank_units for i, u in enumerate(ids)}
+    """(rank, from, to, bytes) of every communication and hand-over buffer; receives
+    are posted by the rule of `simulator.posting`."""
+    from .posting import receive_posts
+
+    posts = receive_posts(graph, recv_lookahead)
     out = []
     for e, edge in enumerate(graph.edges):
         nbytes = edge_bytes[e]
@@ -43,8 +46,7 @@ def buffer_intervals(graph: TaskGraph, edge_bytes: list[float], recv_lookahead: 
             out.append((src_rank, unit_end[producer], unit_start[consumer], nbytes))
             continue
         out.append((src_rank, unit_end[producer], edge_end[e], nbytes))
-        c = position[consumer]
-        at = 0 if recv_lookahead < 0 else max(0, c - recv_lookahead)
+        at = posts[e]
         posted = unit_end[graph.rank_units[dst_rank][at - 1]] if at > 0 else 0.0
         out.append((dst_rank, min(posted, unit_start[consumer]), unit_start[consumer], nbytes))
     return out

@@ -166,6 +166,9 @@ def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:
             return out + ([(("xfer", ahead[ref]), 1)] if ref in ahead else [])
         u = graph.task_unit[ref]
         out = []
+        first = graph.units[u][0]
+        if first != ref and end[span[first]] <= start[span[ref]] + tolerance:
+            out.append((("task", first), 1))  # the second op of a serial pair runs after the first
         if u in previous_unit:
             before = graph.units[previous_unit[u]]
             out.append((("task", before[-1]), 1))

@@ -5,7 +5,9 @@ is runnable: processor sharing. A computing rank asks for `compute_demand` cores
 intra-op threads); a rank waiting for data asks for `wait_demand` cores (a
 communication library that polls keeps a core busy while it waits; one that sleeps
 asks for none); a finished rank asks for nothing. When the demand D exceeds the
-capacity C, every computing rank runs at C / D of its dedicated speed.
+capacity C, every computing rank runs at C / D of its dedicated speed. With
+`interference` s > 0 (shared caches and memory bandwidth), compute is also
+1 + s (k - 1) / (C - 1) times slower while k of the C cores are busy.
 
 `SharedHost` is used by the DES only: the exact longest path cannot express it.
 """
@@ -46,7 +48,10 @@ class SharedHost:
 
     def _replan(self) -> None:
         demand = self._demand()
-        self.rate = 1.0 if demand <= self.sharing.capacity else self.sharing.capacity / demand
+        capacity, interference = self.sharing.capacity, self.sharing.interference
+        self.rate = 1.0 if demand <= capacity else capacity / demand
+        if interference and capacity > 1 and demand > 1:
+            self.rate /= 1.0 + interference * (min(capacity, demand) - 1.0) / (capacity - 1.0)
         self.version += 1
         if self.remaining:
             delay = max(0.0, min(self.remaining.values()) / self.rate)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from schedules.graph import GRADIENT, LOCAL, TaskGraph
-from schedules.ir import F
+from schedules.ir import BW, F, W
 from .costs import CostModel, StageCost
 from .memory import buffer_intervals, memory_samples
 from .trace import COMPUTE, RECV, SEND, Trace
@@ -30,6 +30,18 @@ class Timing:
     stage_costs: list[StageCost]  # per model stage
     comm_buffers: bool = False    # count transfer and hand-over buffers in memory
     recv_lookahead: int = 2       # receives posted this many units ahead (< 0: all at the start)
+    unit_pre: list[float] | None = None     # host seconds before each unit (posting receives)
+    unit_post: list[float] | None = None    # host seconds after each unit (bookkeeping, posting sends)
+    edge_offset: list[float] | None = None  # per transfer: seconds after its task's end until it is posted
+    task_offset: list[float] | None = None  # each task's start within its unit (None: all at the start)
+    task_len: list[float] | None = None     # each task's span (None: its unit's)
+    serial_pairs: bool = False              # a pair runs its ops one after the other
+
+    def task_end_offset(self, unit: int, task: int) -> float:
+        """When `task`'s outputs are ready, in seconds after its unit starts."""
+        if self.task_offset is None:
+            return self.unit_time[unit]
+        return self.task_offset[task] + self.task_len[task]
 
 
 @dataclass
@@ -38,6 +50,8 @@ class Timeline:
     unit_end: list[float]
     edge_start: list[float]  # transfer start (nan for local edges)
     edge_end: list[float]    # transfer end (nan for local edges)
+    task_start: list[float] | None = None  # None: every task spans its unit
+    task_end: list[float] | None = None
 
 
 def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
@@ -49,6 +63,7 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
     stage_costs = costs.model_stage_costs(sched.ranks, sched.num_model_stages)
     model_stage = [st.model_stage for st in sched.stages]
     task_time = [stage_costs[model_stage[t.stage]].op_time(t.op) + costs.op_overhead for t in graph.tasks]
+    _first_backwards_keep(graph, stage_costs, task_time)
     edge_time = [0.0] * len(graph.edges)
     edge_bytes = [0.0] * len(graph.edges)
     edge_link = [-1] * len(graph.edges)
@@ -70,11 +85,93 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
         factors = rng.lognormal(-sigma2 / 2, np.sqrt(sigma2), len(task_time) + len(edge_time))
         task_time = list(np.asarray(task_time) * factors[:len(task_time)])
         edge_time = list(np.asarray(edge_time) * factors[len(task_time):])
-    unit_time = [task_time[m[0]] if len(m) == 1 else costs.pair_time(task_time[m[0]], task_time[m[1]])
-                 for m in graph.units]
     links = sorted(link_ids, key=link_ids.get)
-    return Timing(task_time, unit_time, edge_time, edge_bytes, edge_link, links, costs.contention,
-                  costs.blocking_sends, stage_costs, costs.comm_buffers, costs.recv_lookahead)
+    timing = Timing(task_time, [], edge_time, edge_bytes, edge_link, links, costs.contention,
+                    costs.blocking_sends, stage_costs, costs.comm_buffers, costs.recv_lookahead)
+    _units(graph, costs, timing)
+    return timing
+
+
+def _units(graph: TaskGraph, costs: CostModel, timing: Timing) -> None:
+    """Unit times and host time around them. A serial pair (overlap 0) runs its two
+    ops one after the other, the first one's bookkeeping and sends in between, so the
+    first op's outputs leave when it ends; an overlapped pair (overlap > 0) takes
+    `pair_time` and both ops' outputs leave at its end."""
+    task_time = timing.task_time
+    task_post, offset, pre = _host_time(graph, costs, timing) if costs.host_overhead.any else (None, None, None)
+    serial = costs.overlap == 0
+    unit_time, unit_post = [], []
+    task_offset, task_len = [0.0] * len(task_time), list(task_time)
+    for members in graph.units:
+        a = members[0]
+        if len(members) == 1:
+            unit_time.append(task_time[a])
+            unit_post.append(task_post[a] if task_post else 0.0)
+            continue
+        b = members[1]
+        if serial:
+            between = task_post[a] if task_post else 0.0
+            task_offset[b] = task_time[a] + between
+            unit_time.append(task_offset[b] + task_time[b])
+            unit_post.append(task_post[b] if task_post else 0.0)
+        else:
+            both = costs.pair_time(task_time[a], task_time[b])
+            task_len[a] = task_len[b] = both
+            unit_time.append(both)
+            if offset is not None:  # both ops' sends after the pair, the second's after the first's
+                for e in graph.task_outputs[b]:
+                    if timing.edge_link[e] >= 0:
+                        offset[e] += task_post[a]
+            unit_post.append(task_post[a] + task_post[b] if task_post else 0.0)
+    timing.unit_time = unit_time
+    timing.task_offset, timing.task_len, timing.serial_pairs = task_offset, task_len, serial
+    if task_post is not None:
+        timing.unit_pre, timing.unit_post, timing.edge_offset = pre, unit_post, offset
+
+
+def _first_backwards_keep(graph: TaskGraph, stage_costs: list[StageCost], task_time: list[float]) -> None:
+    """The first W or BW of each model stage on each rank keeps its weight gradients
+    instead of adding them up: it takes `grad_accumulate` less."""
+    if not any(c.grad_accumulate for c in stage_costs):
+        return
+    stages = graph.schedule.stages
+    seen: set[tuple[int, int]] = set()
+    for rank, ids in enumerate(graph.rank_units):
+        for u in ids:
+            for t in graph.units[u]:
+                task = graph.tasks[t]
+                if task.op in (W, BW):
+                    key = (rank, stages[task.stage].model_stage)
+                    if key not in seen:
+                        seen.add(key)
+                        task_time[t] = max(0.0, task_time[t] - stage_costs[key[1]].grad_accumulate)
+
+
+def _host_time(graph: TaskGraph, costs: CostModel, timing: Timing
+               ) -> tuple[list[float], list[float], list[float]]:
+    """(per task: host time after it, bookkeeping then posting each of its sends in
+    turn; per edge: when its send is posted, after its task's end; per unit: host time
+    before it, posting the receives the executor posts there)."""
+    from .posting import receive_posts
+
+    o = costs.host_overhead
+    task_post = [0.0] * len(graph.tasks)
+    offset = [0.0] * len(graph.edges)
+    pre = [0.0] * len(graph.units)
+    posts = receive_posts(graph, costs.recv_lookahead) if o.per_recv else []
+    for ids in graph.rank_units:
+        for u in ids:
+            for t in graph.units[u]:
+                done = o.per_op
+                for e in graph.task_outputs[t]:
+                    if timing.edge_link[e] >= 0:
+                        done += o.per_send
+                        offset[e] = done
+                task_post[t] = done
+                for e in graph.task_inputs[t]:
+                    if posts and timing.edge_link[e] >= 0:
+                        pre[ids[posts[e]]] += o.per_recv
+    return task_post, offset, pre
 
 
 def _payload(cost: StageCost, activation: bool) -> float:
@@ -88,8 +185,11 @@ def to_trace(graph: TaskGraph, timing: Timing, timeline: Timeline, meta: dict | 
     """The simulated Trace of a timeline: compute spans, transfer spans and memory."""
     sched = graph.schedule
     col = graph.columns()
-    unit_start, unit_end = np.asarray(timeline.unit_start), np.asarray(timeline.unit_end)
-    task_start, task_end = unit_start[col["unit"]], unit_end[col["unit"]]
+    if timeline.task_start is not None:
+        task_start, task_end = np.asarray(timeline.task_start), np.asarray(timeline.task_end)
+    else:
+        unit_start, unit_end = np.asarray(timeline.unit_start), np.asarray(timeline.unit_end)
+        task_start, task_end = unit_start[col["unit"]], unit_end[col["unit"]]
     xfer = np.flatnonzero(col["edge_kind"] != LOCAL)
     src = col["edge_src"][xfer]
     sender, receiver = col["rank"][src], col["rank"][col["edge_dst"][xfer]]

@@ -15,6 +15,7 @@ from simulator.api import simulate
 from simulator.costs import CostError, Link, Network, from_dict, load, to_dict, uniform
 from simulator.exact import longest_path
 from simulator.memory import buffer_intervals
+from simulator.posting import receive_posts, unit_time_starts
 from simulator.timing import resolve
 
 
@@ -33,11 +34,34 @@ def test_one_microbatch_on_two_ranks_holds_exactly_the_posted_and_sent_buffers()
     assert levels(trace, 1) == [(0.0, 0.0), (0.0, 10.0), (1.5, 0.0), (4.5, 10.0), (5.0, 0.0)]
 
 
-def test_a_receive_is_posted_lookahead_units_ahead():
+def test_with_no_lookahead_a_receive_is_still_posted_before_its_sender_starts_producing():
     costs = uniform(1, 1, 1, activation_bytes=10, network=Network(Link(0.5)), recv_lookahead=0)
     trace = simulate(build("1f1b", 2, 1), costs)
-    # with no lookahead, rank 0 posts the gradient receive only after its F (t = 1)
-    assert levels(trace, 0)[:3] == [(0.0, 0.0), (1.0, 10.0), (1.0, 20.0)]
+    # rank 1 starts the BW that sends rank 0 its gradient (unit time 2) before rank 0 would
+    # reach its BW (unit time 4): rank 0 posts the receive at the start, not after its F
+    assert levels(trace, 0)[:3] == [(0.0, 0.0), (0.0, 10.0), (1.0, 20.0)]
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b", "zb-v", "dualpipe", "looped-bfs"])
+@pytest.mark.parametrize("lookahead", [0, 2, 5])
+def test_receives_are_posted_lookahead_units_ahead_or_before_the_producer_starts(name, lookahead):
+    graph = validate(build(name, 4, 8))
+    posts = receive_posts(graph, lookahead)
+    starts = unit_time_starts(graph)
+    position = {u: i for ids in graph.rank_units for i, u in enumerate(ids)}
+    for e, edge in enumerate(graph.edges):
+        if edge.kind == LOCAL:
+            assert posts[e] == -1
+            continue
+        consumer, producer = graph.task_unit[edge.dst], graph.task_unit[edge.src]
+        ids = graph.rank_units[graph.unit_rank[consumer]]
+        at = posts[e]
+        assert 0 <= at <= max(0, position[consumer] - lookahead)
+        assert at == 0 or starts[ids[at]] <= starts[producer]  # no later than the producer starts
+        later = at + 1
+        # and as late as both bounds allow
+        assert later > position[consumer] - lookahead or starts[ids[later]] > starts[producer]
+    assert set(receive_posts(graph, -1)) <= {-1, 0}
 
 
 def test_buffers_can_be_left_out_and_then_only_activations_count():

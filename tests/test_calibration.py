@@ -8,7 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from executor.calibrate import fit_link, host_sharing, profile_stage  # noqa: E402
+from executor.calibrate import host_sharing, oversubscribed, side_by_side_groups  # noqa: E402
+from executor.links import fit_link  # noqa: E402
+from executor.profile import profile_stage, slowdown  # noqa: E402
 from executor.clock import now  # noqa: E402
 from executor.launch import RankContext  # noqa: E402
 from executor.memory import MemoryLedger  # noqa: E402
@@ -42,6 +44,7 @@ def test_profiling_a_stage_times_every_op_and_counts_what_it_saves(k):
     model = ExampleModel("mlp", hidden=64, layers_per_stage=2, microbatch_size=16)
     prof, module, specs = _profile(model, k, 3)
     assert len(prof.samples["F"]) == 20 and len(prof.samples["BW"]) == len(prof.samples["BW first"]) == 5
+    assert prof.grad_accumulate >= 0 and 0 < prof.bookkeeping < prof.forward
     assert all(t > 0 for t in (prof.forward, prof.backward_weight, prof.backward_full))
     # each block saves fc1's input (16x64), fc1's output for gelu (16x256) and gelu's output for fc2 (16x256);
     # the last stage's loss also saves the output and the target (16x64 each)
@@ -51,8 +54,7 @@ def test_profiling_a_stage_times_every_op_and_counts_what_it_saves(k):
     assert prof.weight_memory > 0
     assert prof.param_bytes == 4 * sum(p.numel() for p in module.parameters())
     assert all(p.grad is None or p.grad.abs().sum() > 0 for p in module.parameters())
-    cost = prof.cost(float(specs[k].nbytes))
-    assert cost.op_time("BW") == prof.backward_full and cost.activation_bytes == 16 * 64 * 4
+    assert specs[k].nbytes == 16 * 64 * 4
 
 
 def test_the_first_stage_input_backward_is_nearly_free():
@@ -61,19 +63,30 @@ def test_the_first_stage_input_backward_is_nearly_free():
     assert prof.backward_input < 0.25 * prof.backward_weight
 
 
-def _ctx(backend: str = "gloo") -> RankContext:
-    return RankContext(0, 4, 0, 4, backend, torch.device("cpu"), 10.0)
-
-
-def test_ranks_share_the_host_only_when_their_threads_exceed_the_cores(monkeypatch):
-    import executor.calibrate as cal
-    monkeypatch.setattr(cal.os, "sched_getaffinity", lambda _: {0, 1})
-    monkeypatch.setattr(cal, "threads_per_rank", lambda ranks: max(1, 2 // ranks))
-    shared = host_sharing(_ctx(), 4, ["h"] * 4)
+def test_ranks_share_the_host_when_their_threads_exceed_the_cores_or_slow_each_other():
+    shared = host_sharing("gloo", cores=2, threads=1, ranks=4, hosts=["h"] * 4)
     assert shared is not None and shared.capacity == 2 and shared.compute_demand == 1 and shared.wait_demand == 0
-    assert host_sharing(_ctx(), 2, ["h"] * 2) is None
-    assert host_sharing(_ctx(), 4, ["a", "a", "b", "b"]) is None  # several hosts: not modelled as one
-    assert host_sharing(_ctx("nccl"), 4, ["h"] * 4) is None
+    assert oversubscribed(shared, 4)
+    assert host_sharing("gloo", cores=2, threads=1, ranks=2, hosts=["h"] * 2) is None
+    side_by_side = host_sharing("gloo", cores=2, threads=1, ranks=2, hosts=["h"] * 2, interference=0.1)
+    assert side_by_side.interference == 0.1 and not oversubscribed(side_by_side, 2)
+    assert host_sharing("gloo", 2, 1, 4, ["a", "a", "b", "b"]) is None  # several hosts: not modelled as one
+    assert host_sharing("nccl", 2, 1, 4, ["h"] * 4) is None
+
+
+def test_side_by_side_profiling_groups_fill_the_cores():
+    assert side_by_side_groups(4, cores=2, threads=1) == [[0, 1], [2, 3]]
+    assert side_by_side_groups(3, cores=2, threads=1) == [[0, 1]]  # a rank alone measures nothing
+    assert side_by_side_groups(2, cores=2, threads=2) == []
+    assert side_by_side_groups(2, cores=16, threads=8) == [[0, 1]]
+
+
+def test_slowdown_compares_the_ops_side_by_side_with_alone():
+    alone, _, _ = _profile(ExampleModel("mlp", hidden=64, layers_per_stage=1, microbatch_size=8), 1, 3)
+    from dataclasses import replace
+    slower = replace(alone, forward=alone.forward * 1.5, backward_input=alone.backward_input * 1.5,
+                     backward_weight=alone.backward_weight * 1.5, backward_full=alone.backward_full * 1.5)
+    assert slowdown(alone, slower) == pytest.approx(0.5)
 
 
 def test_the_compared_prediction_leaves_parameters_out():

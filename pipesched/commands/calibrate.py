@@ -87,9 +87,11 @@ def print_costs(costs: CostModel) -> None:
         if link is not None:
             bw = "unlimited" if math.isinf(link.bandwidth) else f"{link.bandwidth / 1e9:.3g} GB/s"
             print(f"{name}: latency {fmt_seconds(link.latency)}, bandwidth {bw}")
-    if costs.op_overhead:
-        print(f"runtime overhead per op: {fmt_seconds(costs.op_overhead)}")
+    o = costs.host_overhead
+    if o.any:
+        print(f"runtime host time: {fmt_seconds(o.per_op)} per op, {fmt_seconds(o.per_send)} to post a send, "
+              f"{fmt_seconds(o.per_recv)} to post a receive")
     if costs.host is not None:
         h = costs.host
-        print(f"shared compute: the ranks share {h.capacity:g} processors ({h.compute_demand:g} per computing rank); "
-              "the simulator models the sharing")
+        print(f"one host: {h.capacity:g} cores, {h.compute_demand:g} threads per rank; compute "
+              f"{100 * h.interference:.1f} % slower with every core busy")

@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
     r.add_argument("--steps", type=int, default=5, help="measured steps; the step of median makespan is compared "
                                                         "(default 5)")
     r.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
+    r.add_argument("--recv-lookahead", type=int, default=2, metavar="UNITS",
+                   help="gloo: post receives this many ops ahead (default 2; -1: all at the start)")
     r.add_argument("--no-check", action="store_true", help="skip the gradient check against the unpipelined model")
     p.add_argument("--out", metavar="DIR", default="pipesched-validate",
                    help="write predicted.json, measured.json, costs.json and validate.png here "
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     schedule = schedule_from_args(args)
     prepare_checked(schedule, model, args.backend)
     calibration = calibration_options(args)
-    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check)
+    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check,
+                         lookahead=args.recv_lookahead)
     try:
         result = validate_schedule(schedule, model, options, calibration, args.backend)
     except ExecutorError as exc:
@@ -85,8 +88,9 @@ def print_report(s: dict, costs) -> None:
     print(f"{s['schedule']}: {s['ranks']} ranks, {s['microbatches']} microbatches ({s['backend']}; {s['model']})")
     print_costs(costs)
     if s["shared_compute"]:
-        print(f"note: this run shared compute ({s['ranks']} ranks on {s['shared_compute']['capacity']:g} processors); "
-              "the prediction models the sharing, timings on dedicated hardware will differ")
+        print(f"note: this run shared compute ({s['ranks']} ranks x {s['host']['compute_demand']:g} threads on "
+              f"{s['host']['capacity']:g} cores); the prediction models the sharing, timings on dedicated "
+              "hardware will differ")
     p, m = s["predicted"], s["measured"]
     print(f"{'':<24}{'predicted':>12}{'measured':>12}{'error':>12}")
     print(f"{'makespan':<24}{fmt_seconds(p['makespan']):>12}{fmt_seconds(m['makespan']):>12}"
