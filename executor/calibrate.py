@@ -8,7 +8,9 @@ settings a run gets):
    (`executor.profile`): T_F, T_B, T_W, T_BW, what the first backward of a step saves,
    the bytes F saves and B keeps, parameter bytes, the runtime's bookkeeping per op;
 2. where ranks share a host, as many as its cores hold profile again side by side in
-   lockstep: how much slower compute gets when all cores are busy (`interference`);
+   lockstep: how much slower compute gets when all cores are busy (`interference`); and
+   where ranks outnumber the cores, the ranks pinned to one core run back-to-back F + BW
+   together: how much less than a fair share of the core each gets (`switching`);
 3. every pair of ranks the schedule sends between plays ping-pong at several sizes
    (latency and bandwidth), and measures what posting a send and a receive costs right
    after an op (`executor.links`).
@@ -34,7 +36,8 @@ from .comm import link_groups
 from .launch import RankContext, host_cores, launch_local, run_here, under_torchrun
 from .links import fit_link, pingpong, posting_costs
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
-from .profile import OPS_PER_REPETITION, StageProfile, profile_stage, slowdown, stage_for_profiling
+from .profile import (OPS_PER_REPETITION, StageProfile, iteration_ends, profile_stage, seconds_per_iteration,
+                      slowdown, stage_for_profiling)
 
 PINGPONG_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes, besides the model's own boundaries
 
@@ -61,9 +64,11 @@ class _RankReport:
     threads: int
     stages: list[StageProfile]
     slowdowns: list[float]                          # side by side against alone, per own stage
+    switching: list[float]                          # sharing a core, beyond the core's fair share
     links: dict[tuple[int, int], list[float]]       # pair -> one-way seconds per size (lower rank only)
     isend_posting: dict[tuple[int, int], float]     # pair -> seconds of the ping-pong's isend call
-    posting: dict[tuple[int, int], float]           # pair -> seconds to post a send (sender) or receive
+    posting: dict[tuple[int, int], tuple[float, float]]  # pair -> (seconds to post a send or receive,
+                                                         #          sender: until the send's data could leave)
 
 
 def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
@@ -75,6 +80,13 @@ def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
 def links_of(schedule: Schedule) -> list[tuple[int, int]]:
     """Unordered rank pairs the schedule transfers between, sorted."""
     return sorted({tuple(sorted(link)) for link in directed_links(schedule)})  # type: ignore[misc]
+
+
+def core_groups(world: int, cores: int) -> list[list[int]]:
+    """Ranks pinned to the same core (where ranks outnumber the cores)."""
+    if world <= cores:
+        return []
+    return [g for g in ([r for r in range(world) if r % cores == c] for c in range(cores)) if len(g) > 1]
 
 
 def side_by_side_groups(world: int, cores: int, threads: int) -> list[list[int]]:
@@ -97,11 +109,16 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
     cores = host_cores()
     threads = torch.get_num_threads()
 
-    alone = []
+    sharing = core_groups(ctx.world, cores) if one_host and ctx.device.type == "cpu" else []
+    iterations = 2 * options.repeats
+    alone, alone_loop = [], 0.0
     for turn in range(ctx.world):
         dist.barrier()
         if turn == ctx.rank:
             alone = [profile_stage(*stages[k], ctx.device, options.repeats, options.warmup, ctx.rank) for k in own]
+            if sharing:
+                ends = iteration_ends(*stages[own[0]], iterations)
+                alone_loop = seconds_per_iteration(ends, ends[-1])
 
     slowdowns = []
     groups = side_by_side_groups(ctx.world, cores, threads) if one_host and ctx.device.type == "cpu" else []
@@ -116,6 +133,17 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
             else:
                 for _ in range(barriers):
                     dist.barrier()
+
+    switching = []  # ranks pinned to one core (more ranks than cores), free-running together
+    for group in sharing:
+        dist.barrier()
+        ends = iteration_ends(*stages[own[0]], iterations) if ctx.rank in group else []
+        everyone: list = [None] * ctx.world
+        dist.all_gather_object(everyone, ends)
+        if ctx.rank in group:  # throughput while every member still ran
+            window = min(everyone[r][-1] for r in group)
+            shared = seconds_per_iteration(ends, window)
+            switching.append(shared / (len(group) * alone_loop) - 1.0)
 
     sizes = sorted(set(options.sizes) | {s.nbytes for s in specs[:-1]})
     links, isend_posting, posting = {}, {}, {}
@@ -134,13 +162,13 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
             links[pair], isend_posting[pair] = times, isend
         spec = specs[min(len(specs) - 2, max(0, own[-1]))] if len(specs) > 1 else specs[0]
         dist.barrier()
-        send, recv = posting_costs(ctx, pair, spec, run_op, options.repeats, options.warmup, groups)
+        send, recv, leave = posting_costs(ctx, pair, spec, run_op, options.repeats, options.warmup, groups)
         if ctx.rank in pair:
-            posting[pair] = send if ctx.rank == pair[0] else recv
+            posting[pair] = (send, leave) if ctx.rank == pair[0] else (recv, 0.0)
     for p in sm.params:
         p.grad = None
     dist.barrier()
-    mine = _RankReport(hosts[ctx.rank], cores, threads, alone, slowdowns, links, isend_posting, posting)
+    mine = _RankReport(hosts[ctx.rank], cores, threads, alone, slowdowns, switching, links, isend_posting, posting)
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if ctx.rank != 0:
@@ -184,15 +212,22 @@ def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankRep
                               "one_way": times, "latency": latency, "bandwidth": bandwidth,
                               "isend_posting": rep.isend_posting[pair]})
     sends = [t for i, r in enumerate(reports) for pair, t in r.posting.items() if pair[0] == i]
-    recvs = [t for i, r in enumerate(reports) for pair, t in r.posting.items() if pair[1] == i]
-    overhead = HostOverhead(
-        per_op=statistics.median(p.bookkeeping for r in reports for p in r.stages),
-        per_send=statistics.median(sends) if sends else 0.0, per_recv=statistics.median(recvs) if recvs else 0.0)
+    recvs = [t for i, r in enumerate(reports) for pair, (t, _) in r.posting.items() if pair[1] == i]
+
+    def median(xs) -> float:
+        xs = list(xs)
+        return statistics.median(xs) if xs else 0.0
+
+    per_send = median(t for t, _ in sends)
+    overhead = HostOverhead(per_op=median(p.bookkeeping for r in reports for p in r.stages), per_send=per_send,
+                            per_recv=median(recvs), send_start=min(per_send, median(t for _, t in sends)))
     slowdowns = [s for r in reports for s in r.slowdowns]
-    host = host_sharing(backend, reports[0].cores, reports[0].threads, schedule.ranks, hosts,
-                        max(0.0, statistics.median(slowdowns)) if slowdowns else 0.0)
-    meta = {"calibrated": {"backend": backend, "device": device, "threads_per_rank": reports[0].threads,
-                           "cores": reports[0].cores, "links": link_rows, "slowdowns_side_by_side": slowdowns,
+    switching = [s for r in reports for s in r.switching]
+    cores, threads = reports[0].cores, reports[0].threads
+    host = host_sharing(backend, cores, threads, schedule.ranks, hosts, max(0.0, median(slowdowns)),
+                        max(0.0, median(switching)))
+    meta = {"calibrated": {"backend": backend, "device": device, "threads_per_rank": threads, "cores": cores,
+                           "links": link_rows, "slowdowns_side_by_side": slowdowns, "switching_one_core": switching,
                            "model_stages": schedule.num_model_stages}}
     return CostModel(stages=(stages[0],), model_stages=tuple(stages), network=_network(link_rows, hosts),
                      host=host, host_overhead=overhead, meta=meta).check()
@@ -216,11 +251,12 @@ def _network(rows: list[dict], hosts: list[str]) -> Network:
 
 
 def host_sharing(backend: str, cores: int, threads: int, ranks: int, hosts: list[str],
-                 interference: float = 0.0) -> HostSharing | None:
+                 interference: float = 0.0, switching: float = 0.0) -> HostSharing | None:
     """How ranks on one host share it, or None when it is not modelled (several hosts,
-    or one GPU per rank). gloo-cuda ranks time-slice the GPUs; CPU ranks share the cores
-    (and slow each other down by `interference` when all are busy). gloo waits sleep, so
-    a waiting rank asks for no core."""
+    or one GPU per rank). gloo-cuda ranks time-slice the GPUs; CPU ranks slow each other
+    down by `interference` when all cores are busy, and where they outnumber the cores
+    they are pinned round-robin (`executor.launch.rank_cores`) and share their core.
+    gloo waits sleep, so a waiting rank asks for no core."""
     if len(set(hosts)) != 1:
         return None
     if backend == "gloo-cuda":
@@ -230,7 +266,8 @@ def host_sharing(backend: str, cores: int, threads: int, ranks: int, hosts: list
         return None
     if ranks * threads <= cores and interference == 0.0:
         return None
-    return HostSharing(capacity=float(cores), compute_demand=float(threads), interference=interference)
+    return HostSharing(capacity=float(cores), compute_demand=float(threads), interference=interference,
+                       pinned=ranks > cores, switching=switching if ranks > cores else 0.0)
 
 
 def oversubscribed(host: HostSharing | None, ranks: int) -> bool:

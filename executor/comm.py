@@ -103,6 +103,7 @@ class GlooTransport:
                  groups: dict[tuple[int, int], object] | None = None):
         self.rank, self.timeout, self.ledger, self.device = rank, timeout, ledger, device
         self.groups = groups or {}
+        self.handed_over = 0.0  # seconds from starting to post each send until its data could leave
         self.pool = cf.ThreadPoolExecutor(max_workers=max(1, transfers), thread_name_prefix=f"rank{rank}-p2p")
         self.recvs: dict[int, _Pending] = {}
         self.sends: dict[int, _Pending] = {}
@@ -144,6 +145,7 @@ class GlooTransport:
             pending = _Pending(transfer, host, self.ledger.hold(host), None, now())
             pending.work = dist.isend(host, transfer.peer, tag=transfer.edge,
                                       group=self.groups.get((self.rank, transfer.peer)))
+            self.handed_over += now() - pending.posted
             with self.lock:
                 self.sends[transfer.edge] = pending
             pending.future = self.pool.submit(self._wait, pending.work)
@@ -203,6 +205,7 @@ class NcclTransport:
         self.recvs: dict[int, _Pending] = {}
         self.sends: dict[int, _Pending] = {}
         self.done: list[Done] = []
+        self.handed_over = 0.0  # seconds from starting to post each send until its data could leave
 
     def post_recvs(self, items: list[tuple[Transfer, TensorSpec]]) -> None:
         if not items:
@@ -228,7 +231,9 @@ class NcclTransport:
         posted = now()
         pendings = [_Pending(t, x.detach().contiguous(), None, None, posted) for t, x in items]
         ops = [dist.P2POp(dist.isend, p.tensor, p.transfer.peer, tag=p.transfer.edge) for p in pendings]
-        for p, work in zip(pendings, dist.batch_isend_irecv(ops)):
+        works = dist.batch_isend_irecv(ops)
+        self.handed_over += (now() - posted) * len(items)
+        for p, work in zip(pendings, works):
             p.work, p.key = work, self.ledger.hold(p.tensor)
             self.sends[p.transfer.edge] = p
 

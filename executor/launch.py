@@ -92,11 +92,14 @@ def rank_cores(local_rank: int, local_world: int, cores: list[int]) -> list[int]
 
 
 def pin_to_cores(local_rank: int, local_world: int) -> None:
-    """Pin this rank's process (and the threads it starts later) to its own cores, so
-    that its communication threads run beside its compute thread: unpinned, a gloo
-    thread holding a connection's lock could wait a scheduler tick (4 ms) for a core
-    while the rank's isend waited on that lock. Where affinity is not supported,
-    nothing changes."""
+    """Pin this rank's process (and the threads it starts later) to its cores
+    (`rank_cores`). With a core each, a rank's communication threads run beside its own
+    compute rather than preempting another rank's (measured here, 2 ranks on 2 cores:
+    1F1B 10 % faster, and its timeline predicted within 2 % instead of 6 %). With more
+    ranks than cores, a fixed round-robin placement shares each core among known ranks,
+    which the simulator models (`HostSharing.pinned`); left to the operating system,
+    the ranks migrated between cores and ran 10 % slower than fair sharing predicts.
+    Where affinity is not supported, nothing changes."""
     if not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))

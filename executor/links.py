@@ -81,17 +81,18 @@ def fit_link(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
 
 
 def posting_costs(ctx: RankContext, pair: tuple[int, int], spec: TensorSpec, run_op: Callable[[], None],
-                  repeats: int, warmup: int, groups: dict | None = None) -> tuple[float, float]:
-    """(seconds to post a send, seconds to post a receive) through the runtime's
-    transport, each right after `run_op()` (one of the rank's own ops); the lower rank of
-    `pair` sends, the higher receives. Other ranks return (0, 0)."""
+                  repeats: int, warmup: int, groups: dict | None = None) -> tuple[float, float, float]:
+    """(seconds to post a send, to post a receive, from starting to post a send until
+    its data can leave) through the runtime's transport, each right after `run_op()` (one
+    of the rank's own ops); the lower rank of `pair` sends, the higher receives. Other
+    ranks return zeros; the sender's receive time and the receiver's send times are 0."""
     if ctx.rank not in pair:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     sender, receiver = pair
     transport_cls = NcclTransport if ctx.backend == "nccl" else GlooTransport
     transport = transport_cls(ctx.rank, ctx.timeout, MemoryLedger(now), ctx.device, 1, groups)
     payload = torch.zeros(spec.shape, dtype=spec.dtype, device=ctx.device)
-    send_times, recv_times = [], []
+    send_times, recv_times, leave_times = [], [], []
     try:
         for i in range(warmup + repeats):
             dummy = Task(F, i, 0)
@@ -99,8 +100,11 @@ def posting_costs(ctx: RankContext, pair: tuple[int, int], spec: TensorSpec, run
             run_op()
             start = now()
             if ctx.rank == sender:
+                handed_over = transport.handed_over
                 transport.send_all([(transfer, payload)])
-                (send_times if i >= warmup else []).append(now() - start)
+                if i >= warmup:
+                    send_times.append(now() - start)
+                    leave_times.append(transport.handed_over - handed_over)
                 transport.drain()
             else:
                 transport.post_recvs([(transfer, spec)])
@@ -108,5 +112,7 @@ def posting_costs(ctx: RankContext, pair: tuple[int, int], spec: TensorSpec, run
                 transport.take(transfer)
     finally:
         transport.close()
-    return (statistics.median(send_times) if send_times else 0.0,
-            statistics.median(recv_times) if recv_times else 0.0)
+    def median(xs: list[float]) -> float:
+        return statistics.median(xs) if xs else 0.0
+
+    return median(send_times), median(recv_times), median(leave_times)

@@ -126,3 +126,24 @@ def stage_for_profiling(model: PipelineModel, specs: list[TensorSpec], k: int, d
 def slowdown(alone: StageProfile, together: StageProfile) -> float:
     """How much longer the ops took next to other computing ranks (0.1 = 10 % longer)."""
     return together.op_seconds() / alone.op_seconds() - 1.0
+
+
+def iteration_ends(sm: StageModule, x: torch.Tensor, target: torch.Tensor | None, grad: torch.Tensor | None,
+                   iterations: int) -> list[float]:
+    """Seconds from the start at which each of `iterations` back-to-back F + BW ends
+    (a free-running load, to measure throughput when ranks share a core)."""
+    ends = []
+    start = now()
+    for _ in range(iterations):
+        state, _ = sm.forward(0, x.detach().clone(), target)
+        sm.backward_full(state, grad)
+        ends.append(now() - start)
+    for p in sm.params:
+        p.grad = None
+    return ends
+
+
+def seconds_per_iteration(ends: list[float], window: float) -> float:
+    """The time per iteration of a free-running load over the first `window` seconds."""
+    done = sum(1 for t in ends if t <= window)
+    return window / max(1, done)

@@ -136,22 +136,32 @@ class Network:
 
 @dataclass(frozen=True)
 class HostOverhead:
-    """Host time a rank spends outside its ops (seconds): after each program unit
-    (`per_op`: bookkeeping), posting each send after its op (`per_send`; the transfer
-    starts once posted) and posting each receive before the unit it is posted at
-    (`per_recv`, see CostModel.recv_lookahead). The rank cannot compute meanwhile, but
-    the time is not part of any op's span."""
+    """Host time a rank spends outside its ops (seconds): after each op (`per_op`:
+    bookkeeping), posting each of its sends in turn (`per_send`; the transfer can start
+    `send_start` into its posting, where a send's data leaves) and posting each receive
+    before the unit it is posted at (`per_recv`, see `simulator.posting`). The rank
+    cannot compute meanwhile, but the time is not part of any op's span."""
 
     per_op: float = 0.0
     per_send: float = 0.0
     per_recv: float = 0.0
+    send_start: float | None = None  # None: once the whole posting is done (per_send)
 
     def check(self) -> "HostOverhead":
-        for name in ("per_op", "per_send", "per_recv"):
+        for name in ("per_op", "per_send", "per_recv", "send_start"):
             value = getattr(self, name)
+            if name == "send_start" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host_overhead.{name} must be a finite number of seconds >= 0, got {value!r}")
+        if self.send_start is not None and self.send_start > self.per_send:
+            raise CostError(f"host_overhead.send_start ({self.send_start}) exceeds per_send ({self.per_send})")
         return self
+
+    @property
+    def send_leaves(self) -> float:
+        """Seconds into a send's posting when its data can leave."""
+        return self.per_send if self.send_start is None else self.send_start
 
     @property
     def any(self) -> bool:
@@ -164,19 +174,29 @@ class HostSharing:
     shared by time slicing; a computing rank asks for `compute_demand` cores, a rank
     waiting for data for `wait_demand` (a polling communication library).
     `interference`: how much slower compute runs when every core is busy than when one
-    is (shared caches and memory bandwidth; 0.1 = 10 % slower), in between pro rata."""
+    is (shared caches and memory bandwidth; 0.1 = 10 % slower), in between pro rata.
+    `pinned`: rank r is pinned to core r mod capacity (one thread each, as the executor
+    pins ranks that outnumber the cores) and shares that core with the ranks pinned to it;
+    `switching`: how much slower than its fair share a rank computes on a core it
+    time-shares (each switch evicts the other rank's data from the core's caches)."""
 
     capacity: float
     compute_demand: float = 1.0
     wait_demand: float = 0.0
     interference: float = 0.0
+    pinned: bool = False
+    switching: float = 0.0
 
     def check(self) -> "HostSharing":
-        for name in ("capacity", "compute_demand", "wait_demand", "interference"):
+        for name in ("capacity", "compute_demand", "wait_demand", "interference", "switching"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host.{name} must be a finite number >= 0, got {value!r}")
         # far below a processor the DES would step forever (a denormal capacity never finishes work)
+        if not isinstance(self.pinned, bool):
+            raise CostError(f"host.pinned must be true or false, got {self.pinned!r}")
+        if self.pinned and (self.capacity != int(self.capacity) or self.compute_demand != 1):
+            raise CostError("host.pinned needs a whole number of cores (capacity) and compute_demand 1")
         if self.capacity < MIN_SHARE or self.compute_demand < MIN_SHARE:
             raise CostError(f"host.capacity and host.compute_demand must be at least {MIN_SHARE:g} cores, "
                             f"got {self.capacity}, {self.compute_demand}")
@@ -351,17 +371,18 @@ def from_dict(data: Any) -> CostModel:
     if host is not None:
         if not isinstance(host, dict) or "capacity" not in host:
             raise CostError("host must be an object with capacity (and compute_demand, wait_demand)")
-        unknown = sorted(set(host) - {"capacity", "compute_demand", "wait_demand", "interference"})
+        fields_ = {"capacity", "compute_demand", "wait_demand", "interference", "pinned", "switching"}
+        unknown = sorted(set(host) - fields_)
         if unknown:
-            raise CostError(f"host has unknown field {unknown[0]!r}; fields are capacity, compute_demand, "
-                            "wait_demand, interference")
+            raise CostError(f"host has unknown field {unknown[0]!r}; fields are {', '.join(sorted(fields_))}")
         host = HostSharing(**host)
     overhead = data.get("host_overhead", {})
     if not isinstance(overhead, dict):
         raise CostError("host_overhead must be an object with per_op, per_send and per_recv (seconds)")
-    unknown = sorted(set(overhead) - {"per_op", "per_send", "per_recv"})
+    unknown = sorted(set(overhead) - {"per_op", "per_send", "per_recv", "send_start"})
     if unknown:
-        raise CostError(f"host_overhead has unknown field {unknown[0]!r}; fields are per_op, per_send, per_recv")
+        raise CostError(f"host_overhead has unknown field {unknown[0]!r}; fields are per_op, per_send, per_recv, "
+                        "send_start")
     host_overhead = HostOverhead(**overhead)
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
@@ -394,10 +415,13 @@ def to_dict(model: CostModel) -> dict:
                comm_buffers=model.comm_buffers, recv_lookahead=model.recv_lookahead)
     if model.host is not None:
         doc["host"] = {"capacity": model.host.capacity, "compute_demand": model.host.compute_demand,
-                       "wait_demand": model.host.wait_demand, "interference": model.host.interference}
+                       "wait_demand": model.host.wait_demand, "interference": model.host.interference,
+                       "pinned": model.host.pinned, "switching": model.host.switching}
     if model.host_overhead.any:
         o = model.host_overhead
         doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv}
+        if o.send_start is not None:
+            doc["host_overhead"]["send_start"] = o.send_start
     if model.meta:
         doc["meta"] = model.meta
     return doc

@@ -7,7 +7,10 @@ communication library that polls keeps a core busy while it waits; one that slee
 asks for none); a finished rank asks for nothing. When the demand D exceeds the
 capacity C, every computing rank runs at C / D of its dedicated speed. With
 `interference` s > 0 (shared caches and memory bandwidth), compute is also
-1 + s (k - 1) / (C - 1) times slower while k of the C cores are busy.
+1 + s (k - 1) / (C - 1) times slower while k of the C cores are busy. With `pinned`,
+rank r runs on core r mod C only (as the executor pins ranks when they outnumber the
+cores) and the ranks of one core share that core alone, each `switching` slower than
+its fair share (every switch evicts the other's data from the core's caches).
 
 `SharedHost` is used by the DES only: the exact longest path cannot express it.
 """
@@ -30,31 +33,49 @@ class SharedHost:
         self.state = [WAITING] * ranks
         self.remaining: dict[int, float] = {}   # rank -> dedicated seconds of work left
         self.done_event: dict[int, simpy.Event] = {}
-        self.rate = 1.0
+        self.rate: dict[int, float] = {}        # rank -> speed as a fraction of dedicated
         self.last = 0.0
         self.version = 0
+        self.cores = max(1, int(sharing.capacity))
 
-    def _demand(self) -> float:
+    def _demand(self, rank: int) -> float:
+        st, s = self.state[rank], self.sharing
+        return s.compute_demand if st == COMPUTING else s.wait_demand if st == WAITING else 0.0
+
+    def _rates(self) -> tuple[dict[int, float], float]:
+        """(speed of every computing rank, busy cores)."""
         s = self.sharing
-        return sum(s.compute_demand if st == COMPUTING else s.wait_demand if st == WAITING else 0.0
-                   for st in self.state)
+        if s.pinned:  # rank r on core r mod cores; the ranks of one core share it
+            per_core = [0.0] * self.cores
+            for r in range(len(self.state)):
+                per_core[r % self.cores] += self._demand(r)
+            busy = float(sum(d > 0 for d in per_core))
+            rates = {}
+            for r in self.remaining:
+                sharing = per_core[r % self.cores]
+                rates[r] = 1.0 if sharing <= 1 else 1.0 / (sharing * (1.0 + s.switching))
+        else:
+            demand = sum(self._demand(r) for r in range(len(self.state)))
+            busy = min(s.capacity, demand)
+            share = 1.0 if demand <= s.capacity else s.capacity / demand
+            rates = {r: share for r in self.remaining}
+        if s.interference and s.capacity > 1 and busy > 1:
+            slower = 1.0 + s.interference * (busy - 1.0) / (s.capacity - 1.0)
+            rates = {r: x / slower for r, x in rates.items()}
+        return rates, busy
 
     def _advance(self) -> None:
         elapsed = self.env.now - self.last
         if elapsed > 0:
             for r in self.remaining:
-                self.remaining[r] -= elapsed * self.rate
+                self.remaining[r] -= elapsed * self.rate.get(r, 1.0)
         self.last = self.env.now
 
     def _replan(self) -> None:
-        demand = self._demand()
-        capacity, interference = self.sharing.capacity, self.sharing.interference
-        self.rate = 1.0 if demand <= capacity else capacity / demand
-        if interference and capacity > 1 and demand > 1:
-            self.rate /= 1.0 + interference * (min(capacity, demand) - 1.0) / (capacity - 1.0)
+        self.rate, _ = self._rates()
         self.version += 1
         if self.remaining:
-            delay = max(0.0, min(self.remaining.values()) / self.rate)
+            delay = max(0.0, min(left / self.rate[r] for r, left in self.remaining.items()))
             version = self.version
             self.env.timeout(delay).callbacks.append(lambda _: self._tick(version))
 

@@ -150,7 +150,7 @@ def _first_backwards_keep(graph: TaskGraph, stage_costs: list[StageCost], task_t
 def _host_time(graph: TaskGraph, costs: CostModel, timing: Timing
                ) -> tuple[list[float], list[float], list[float]]:
     """(per task: host time after it, bookkeeping then posting each of its sends in
-    turn; per edge: when its send is posted, after its task's end; per unit: host time
+    turn; per edge: when its data can leave, after its task's end; per unit: host time
     before it, posting the receives the executor posts there)."""
     from .posting import receive_posts
 
@@ -165,8 +165,8 @@ def _host_time(graph: TaskGraph, costs: CostModel, timing: Timing
                 done = o.per_op
                 for e in graph.task_outputs[t]:
                     if timing.edge_link[e] >= 0:
+                        offset[e] = done + o.send_leaves
                         done += o.per_send
-                        offset[e] = done
                 task_post[t] = done
                 for e in graph.task_inputs[t]:
                     if posts and timing.edge_link[e] >= 0:
