@@ -8,9 +8,11 @@ settings a run gets):
    (`executor.profile`): T_F, T_B, T_W, T_BW, what the first backward of a step saves,
    the bytes F saves and B keeps, parameter bytes, the runtime's bookkeeping per op;
 2. where ranks share a host, as many as its cores hold profile again side by side in
-   lockstep: how much slower compute gets when all cores are busy (`interference`); and
-   where ranks outnumber the cores, the ranks pinned to one core run back-to-back F + BW
-   together: how much less than a fair share of the core each gets (`switching`);
+   lockstep: how much slower compute gets when all cores are busy (`interference`);
+   where ranks outnumber the cores (and are pinned round-robin), each rank runs
+   back-to-back F + BW alone, then with the ranks of its core, then with all ranks: how
+   much less than a fair share of its core a rank gets (`switching`) and how much slower
+   again with the other cores busy (`interference`);
 3. every pair of ranks the schedule sends between plays ping-pong at several sizes
    (latency and bandwidth), and measures what posting a send and a receive costs right
    after an op (`executor.links`).
@@ -34,7 +36,7 @@ from simulator.costs import CostModel, HostOverhead, HostSharing, Link, Network,
 
 from .comm import link_groups
 from .launch import RankContext, host_cores, launch_local, run_here, under_torchrun
-from .links import fit_link, pingpong, posting_costs
+from .links import PostingCosts, fit_link, pingpong, posting_costs
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
 from .profile import (OPS_PER_REPETITION, StageProfile, iteration_ends, profile_stage, seconds_per_iteration,
                       slowdown, stage_for_profiling)
@@ -64,11 +66,11 @@ class _RankReport:
     threads: int
     stages: list[StageProfile]
     slowdowns: list[float]                          # side by side against alone, per own stage
-    switching: list[float]                          # sharing a core, beyond the core's fair share
+    loops: dict[str, float]                         # seconds per free-running F + BW: alone, sharing
+                                                    # the rank's core, all ranks at once (oversubscribed)
     links: dict[tuple[int, int], list[float]]       # pair -> one-way seconds per size (lower rank only)
     isend_posting: dict[tuple[int, int], float]     # pair -> seconds of the ping-pong's isend call
-    posting: dict[tuple[int, int], tuple[float, float]]  # pair -> (seconds to post a send or receive,
-                                                         #          sender: until the send's data could leave)
+    posting: dict[tuple[int, int], PostingCosts]    # pair -> this rank's side of handling its transfers
 
 
 def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
@@ -110,40 +112,33 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
     threads = torch.get_num_threads()
 
     sharing = core_groups(ctx.world, cores) if one_host and ctx.device.type == "cpu" else []
-    iterations = 2 * options.repeats
-    alone, alone_loop = [], 0.0
+    iterations = 3 * options.repeats
+    alone, loops = [], {}
     for turn in range(ctx.world):
         dist.barrier()
         if turn == ctx.rank:
             alone = [profile_stage(*stages[k], ctx.device, options.repeats, options.warmup, ctx.rank) for k in own]
-            if sharing:
-                ends = iteration_ends(*stages[own[0]], iterations)
-                alone_loop = seconds_per_iteration(ends, ends[-1])
-
     slowdowns = []
-    groups = side_by_side_groups(ctx.world, cores, threads) if one_host and ctx.device.type == "cpu" else []
-    barriers = (options.warmup + options.repeats) * OPS_PER_REPETITION
-    for group in groups:  # in lockstep: a barrier before every op, so the group computes together
-        for i in range(_max_stages(schedule)):
-            dist.barrier()
-            if ctx.rank in group and i < len(own):
-                together = profile_stage(*stages[own[i]], ctx.device, options.repeats, options.warmup, ctx.rank,
-                                         before_op=dist.barrier)
-                slowdowns.append(slowdown(alone[i], together))
-            else:
-                for _ in range(barriers):
-                    dist.barrier()
-
-    switching = []  # ranks pinned to one core (more ranks than cores), free-running together
-    for group in sharing:
-        dist.barrier()
-        ends = iteration_ends(*stages[own[0]], iterations) if ctx.rank in group else []
-        everyone: list = [None] * ctx.world
-        dist.all_gather_object(everyone, ends)
-        if ctx.rank in group:  # throughput while every member still ran
-            window = min(everyone[r][-1] for r in group)
-            shared = seconds_per_iteration(ends, window)
-            switching.append(shared / (len(group) * alone_loop) - 1.0)
+    if sharing:  # ranks outnumber the cores: how they share a core, and all the cores, free-running
+        loops["alone"] = [_free_running(ctx, [r], stages[own[0]], iterations) for r in range(ctx.world)][ctx.rank]
+        for group in sharing:
+            mine = _free_running(ctx, group, stages[own[0]], iterations)
+            if mine is not None:
+                loops["core"] = mine
+        loops["all"] = _free_running(ctx, list(range(ctx.world)), stages[own[0]], iterations)
+    else:  # as many ranks as the cores hold, side by side in lockstep (a barrier before every op)
+        groups = side_by_side_groups(ctx.world, cores, threads) if one_host and ctx.device.type == "cpu" else []
+        barriers = (options.warmup + options.repeats) * OPS_PER_REPETITION
+        for group in groups:
+            for i in range(_max_stages(schedule)):
+                dist.barrier()
+                if ctx.rank in group and i < len(own):
+                    together = profile_stage(*stages[own[i]], ctx.device, options.repeats, options.warmup, ctx.rank,
+                                             before_op=dist.barrier)
+                    slowdowns.append(slowdown(alone[i], together))
+                else:
+                    for _ in range(barriers):
+                        dist.barrier()
 
     sizes = sorted(set(options.sizes) | {s.nbytes for s in specs[:-1]})
     links, isend_posting, posting = {}, {}, {}
@@ -162,18 +157,30 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
             links[pair], isend_posting[pair] = times, isend
         spec = specs[min(len(specs) - 2, max(0, own[-1]))] if len(specs) > 1 else specs[0]
         dist.barrier()
-        send, recv, leave = posting_costs(ctx, pair, spec, run_op, options.repeats, options.warmup, groups)
+        costs = posting_costs(ctx, pair, spec, run_op, options.repeats, options.warmup, groups)
         if ctx.rank in pair:
-            posting[pair] = (send, leave) if ctx.rank == pair[0] else (recv, 0.0)
+            posting[pair] = costs
     for p in sm.params:
         p.grad = None
     dist.barrier()
-    mine = _RankReport(hosts[ctx.rank], cores, threads, alone, slowdowns, switching, links, isend_posting, posting)
+    mine = _RankReport(hosts[ctx.rank], cores, threads, alone, slowdowns, loops, links, isend_posting, posting)
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if ctx.rank != 0:
         return None
     return assemble(schedule, specs, gathered, sizes, ctx.backend, str(ctx.device.type))
+
+
+def _free_running(ctx: RankContext, group: list[int], stage, iterations: int) -> float | None:
+    """Collective: the ranks of `group` run back-to-back F + BW of `stage` together; each
+    member gets its seconds per iteration while every member still ran (None elsewhere)."""
+    dist.barrier()
+    ends = iteration_ends(*stage, iterations) if ctx.rank in group else []
+    everyone: list = [None] * ctx.world
+    dist.all_gather_object(everyone, ends)
+    if ctx.rank not in group:
+        return None
+    return seconds_per_iteration(ends, min(everyone[r][-1] for r in group))
 
 
 def _max_stages(schedule: Schedule) -> int:
@@ -211,24 +218,30 @@ def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankRep
             link_rows.append({"ranks": list(pair), "same_host": hosts[pair[0]] == hosts[pair[1]], "sizes": sizes,
                               "one_way": times, "latency": latency, "bandwidth": bandwidth,
                               "isend_posting": rep.isend_posting[pair]})
-    sends = [t for i, r in enumerate(reports) for pair, t in r.posting.items() if pair[0] == i]
-    recvs = [t for i, r in enumerate(reports) for pair, (t, _) in r.posting.items() if pair[1] == i]
+    sends = [c for i, r in enumerate(reports) for pair, c in r.posting.items() if pair[0] == i]
+    recvs = [c for i, r in enumerate(reports) for pair, c in r.posting.items() if pair[1] == i]
 
     def median(xs) -> float:
         xs = list(xs)
         return statistics.median(xs) if xs else 0.0
 
-    per_send = median(t for t, _ in sends)
+    per_send = median(c.send for c in sends)
     overhead = HostOverhead(per_op=median(p.bookkeeping for r in reports for p in r.stages), per_send=per_send,
-                            per_recv=median(recvs), send_start=min(per_send, median(t for _, t in sends)))
-    slowdowns = [s for r in reports for s in r.slowdowns]
-    switching = [s for r in reports for s in r.switching]
+                            per_recv=median(c.recv for c in recvs), send_start=min(per_send, median(c.leave for c in sends)),
+                            per_take=median(c.take for c in recvs))
     cores, threads = reports[0].cores, reports[0].threads
+    slowdowns = [s for r in reports for s in r.slowdowns]
+    switching = []
+    if any(r.loops for r in reports):  # oversubscribed: from the free-running loops
+        groups = core_groups(len(reports), cores)
+        size = {r: len(g) for g in groups for r in g}
+        switching = [r.loops["core"] / (size[i] * r.loops["alone"]) - 1.0 for i, r in enumerate(reports) if i in size]
+        slowdowns = [r.loops["all"] / r.loops["core"] - 1.0 for i, r in enumerate(reports) if i in size]
     host = host_sharing(backend, cores, threads, schedule.ranks, hosts, max(0.0, median(slowdowns)),
                         max(0.0, median(switching)))
     meta = {"calibrated": {"backend": backend, "device": device, "threads_per_rank": threads, "cores": cores,
-                           "links": link_rows, "slowdowns_side_by_side": slowdowns, "switching_one_core": switching,
-                           "model_stages": schedule.num_model_stages}}
+                           "links": link_rows, "interference_samples": slowdowns, "switching_samples": switching,
+                           "free_running": [r.loops for r in reports], "model_stages": schedule.num_model_stages}}
     return CostModel(stages=(stages[0],), model_stages=tuple(stages), network=_network(link_rows, hosts),
                      host=host, host_overhead=overhead, meta=meta).check()
 

@@ -5,8 +5,9 @@ group, isend/irecv and waits as the runtime uses them; `fit_link` turns the poin
 into latency + bytes / bandwidth. The one-way time includes the sender's posting of the
 isend; that is subtracted, because the simulator charges posting to the sending rank.
 
-`posting_costs`: the host time of posting one send and one receive through the
-runtime's own transport, each right after the rank ran one of its ops, as in a step.
+`posting_costs`: the host time of posting one send and one receive, and of taking an
+arrived receive, through the runtime's own transport, each right after the rank ran one
+of its ops, as in a step.
 The op leaves the caches full of its tensors, which makes posting several times slower
 than on an idle rank (measured here: 170 us instead of 35 us for a gloo isend).
 Units: seconds and bytes.
@@ -14,6 +15,7 @@ Units: seconds and bytes.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
 
@@ -49,18 +51,26 @@ def pingpong(ctx: RankContext, pair: tuple[int, int], sizes: list[int], repeats:
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
         src = torch.zeros_like(buf, device=ctx.device) if staged else buf
         trips = []
+        # every receive is posted before the other side sends, as the runtime posts them:
+        # `a` posts the reply's receive before it sends; `b` the next round's before replying
+        buffers = [buf, torch.zeros_like(buf)]
+        incoming = dist.irecv(buffers[0], peer, tag=0, group=in_group) if ctx.rank == b else None
         for i in range(warmup + repeats):
             start = now()
             if ctx.rank == a:
+                incoming = dist.irecv(buffers[1], peer, tag=i, group=in_group)
                 work = dist.isend(src.to("cpu") if staged else src, peer, tag=i, group=out_group)
                 posted = now() - start
                 work.wait(wait)
-                dist.irecv(buf, peer, tag=i, group=in_group).wait(wait)
+                incoming.wait(wait)
             else:
-                dist.irecv(buf, peer, tag=i, group=in_group).wait(wait)
+                incoming.wait(wait)
+                got = buffers[i % 2]
+                if i + 1 < warmup + repeats:
+                    incoming = dist.irecv(buffers[(i + 1) % 2], peer, tag=i + 1, group=in_group)
                 if staged:
-                    buf.to(ctx.device)
-                dist.isend(src.to("cpu") if staged else buf, peer, tag=i, group=out_group).wait(wait)
+                    got = got.to(ctx.device)
+                dist.isend(got.to("cpu") if staged else got, peer, tag=i, group=out_group).wait(wait)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize(ctx.device)
             if i >= warmup:
@@ -80,39 +90,59 @@ def fit_link(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
     return latency, bandwidth
 
 
+@dataclass
+class PostingCosts:
+    """Host seconds of the runtime's transfer handling, each right after an op."""
+
+    send: float = 0.0     # posting a send
+    leave: float = 0.0    # from starting to post a send until its data can leave
+    recv: float = 0.0     # posting a receive
+    take: float = 0.0     # taking an arrived receive for its op
+
+
 def posting_costs(ctx: RankContext, pair: tuple[int, int], spec: TensorSpec, run_op: Callable[[], None],
-                  repeats: int, warmup: int, groups: dict | None = None) -> tuple[float, float, float]:
-    """(seconds to post a send, to post a receive, from starting to post a send until
-    its data can leave) through the runtime's transport, each right after `run_op()` (one
-    of the rank's own ops); the lower rank of `pair` sends, the higher receives. Other
-    ranks return zeros; the sender's receive time and the receiver's send times are 0."""
+                  repeats: int, warmup: int, groups: dict | None = None) -> PostingCosts:
+    """The host time of posting one send and one receive, and of taking an arrived
+    receive, through the runtime's transport, each right after `run_op()` (one of the
+    rank's own ops); the lower rank of `pair` sends, the higher receives (its send
+    fields stay 0, the sender's receive fields too). Other ranks return zeros."""
+    costs = PostingCosts()
     if ctx.rank not in pair:
-        return 0.0, 0.0, 0.0
+        return costs
     sender, receiver = pair
     transport_cls = NcclTransport if ctx.backend == "nccl" else GlooTransport
     transport = transport_cls(ctx.rank, ctx.timeout, MemoryLedger(now), ctx.device, 1, groups)
     payload = torch.zeros(spec.shape, dtype=spec.dtype, device=ctx.device)
-    send_times, recv_times, leave_times = [], [], []
+    arrived = torch.zeros(1)
+    samples: dict[str, list[float]] = {"send": [], "leave": [], "recv": [], "take": []}
     try:
         for i in range(warmup + repeats):
             dummy = Task(F, i, 0)
             transfer = Transfer(i, receiver if ctx.rank == sender else sender, dummy, dummy, "activation")
+            measured = i >= warmup
             run_op()
             start = now()
             if ctx.rank == sender:
                 handed_over = transport.handed_over
                 transport.send_all([(transfer, payload)])
-                if i >= warmup:
-                    send_times.append(now() - start)
-                    leave_times.append(transport.handed_over - handed_over)
+                took = now() - start
                 transport.drain()
+                dist.send(arrived, receiver)  # after the payload: it has arrived when this has
+                if measured:
+                    samples["send"].append(took)
+                    samples["leave"].append(transport.handed_over - handed_over)
             else:
                 transport.post_recvs([(transfer, spec)])
-                (recv_times if i >= warmup else []).append(now() - start)
+                posted = now() - start
+                dist.recv(arrived, sender)
+                run_op()
+                start = now()
                 transport.take(transfer)
+                if measured:
+                    samples["recv"].append(posted)
+                    samples["take"].append(now() - start)
     finally:
         transport.close()
-    def median(xs: list[float]) -> float:
-        return statistics.median(xs) if xs else 0.0
-
-    return median(send_times), median(recv_times), median(leave_times)
+    for name, values in samples.items():
+        setattr(costs, name, statistics.median(values) if values else 0.0)
+    return costs

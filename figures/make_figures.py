@@ -8,10 +8,11 @@ Uses only pipesched's public API and command line. Writes into this folder:
   vs_torch.png   our schedules against torch.distributed.pipelining's of the same name,
                  both in our simulator, at p=4, m=16 under F,B,W = 1,1,1 / 1,2,1 / 2,3,1
                  (only where torch is installed);
-  measured.png   predicted vs measured: ZB-H1 run by the executor on this machine (CPU,
-                 gloo, one core per rank, so p=2 on two cores) against the simulation
-                 under its median measured op and transfer times; only where the executor
-                 can run (`pipesched run` and torch), otherwise a note says why not.
+  measured.png   predicted vs measured (`pipesched validate`): ZB-H1 on this machine (CPU,
+                 gloo, one core per rank, so p=2 on two cores, an MLP of hidden size 512),
+                 the simulation under costs calibrated on this machine beforehand against
+                 the executor's measured step of median makespan (of 9); only where torch
+                 is installed, otherwise a note says why not.
 All figures share one cost model (COSTS below), typical of a transformer stage.
 """
 from __future__ import annotations
@@ -23,15 +24,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from pipesched.plots.compare import plot_compare
 from pipesched.plots.gallery import plot_gallery
-from schedules.ir import OPS
 from schedules.registry import BUILDERS, build
 from simulator.api import simulate
-from simulator.costs import CostModel, Link, Network, StageCost, uniform
-from simulator.trace import COMPUTE, SEND, Trace
+from simulator.costs import Link, Network, uniform
+from simulator.trace import Trace
 
 HERE = Path(__file__).resolve().parent
 P, M = 4, 8
@@ -90,45 +88,24 @@ def executor_missing() -> str | None:
     """Why the executor cannot produce a measured trace here, or None if it can."""
     if importlib.util.find_spec("torch") is None:
         return "torch is not installed (pip install 'pipesched[torch]')"
-    if importlib.util.find_spec("pipesched.commands.run") is None:
-        return "the executor has no `pipesched run` command yet"
     return None
 
 
-def costs_of(measured: Trace) -> CostModel:
-    """A cost model from a measured trace of a one-stage-per-rank schedule: each pipeline
-    stage's median F, B and W (stages differ: the last one also computes the loss) and
-    the median transfer time as the latency."""
-    comp, sends = measured.lane == COMPUTE, measured.lane == SEND
-    dur = measured.end - measured.start
-
-    def median(op: str, rank: int) -> float:
-        mine = comp & (measured.op == OPS.index(op)) & (measured.rank == rank)
-        return float(np.median(dur[mine])) if mine.any() else 0.0
-
-    latency = float(np.median(dur[sends])) if sends.any() else 0.0
-    stages = tuple(StageCost(median("F", r), median("B", r), median("W", r)) for r in range(measured.ranks))
-    return CostModel(stages=stages, network=Network(Link(latency))).check()
-
-
 def measured() -> Path | None:
+    """`pipesched validate`: calibrate on this machine, predict, run, compare."""
     reason = executor_missing()
     if reason:
         print(f"skipped measured.png: {reason}; rerun this script once the executor runs here")
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        trace_path = Path(tmp) / "measured.json"
-        # hidden 512: ops of about a millisecond, well above the runtime's ~0.2 ms per op and
-        # the scheduler noise of a shared machine; the trace is the median of 15 steps
-        run = subprocess.run([sys.executable, "-m", "pipesched", "run", MEASURED_SCHEDULE, "-p", str(MEASURED_P),
-                              "-m", str(M), "--hidden", "512", "--steps", "15", "--warmup", "2",
-                              "--trace", str(trace_path)], capture_output=True, text=True)
+        run = subprocess.run([sys.executable, "-m", "pipesched", "validate", MEASURED_SCHEDULE, "-p", str(MEASURED_P),
+                              "-m", str(M), "--hidden", "512", "--microbatch-size", "32", "--steps", "9",
+                              "--warmup", "2", "--out", tmp], capture_output=True, text=True)
         if run.returncode != 0:
             last = (run.stderr.strip().splitlines() or ["no message"])[-1]
-            print(f"skipped measured.png: `pipesched run` failed: {last}")
+            print(f"skipped measured.png: `pipesched validate` failed: {last}")
             return None
-        real = Trace.load(trace_path)
-    predicted = simulate(build(MEASURED_SCHEDULE, MEASURED_P, M), costs_of(real))
+        predicted, real = Trace.load(Path(tmp) / "predicted.json"), Trace.load(Path(tmp) / "measured.json")
     out = HERE / "measured.png"
     plot_compare(predicted, real, out)
     return out

@@ -138,17 +138,19 @@ class Network:
 class HostOverhead:
     """Host time a rank spends outside its ops (seconds): after each op (`per_op`:
     bookkeeping), posting each of its sends in turn (`per_send`; the transfer can start
-    `send_start` into its posting, where a send's data leaves) and posting each receive
-    before the unit it is posted at (`per_recv`, see `simulator.posting`). The rank
-    cannot compute meanwhile, but the time is not part of any op's span."""
+    `send_start` into its posting, where a send's data leaves), posting each receive
+    before the unit it is posted at (`per_recv`, see `simulator.posting`) and taking each
+    arrived receive before its op (`per_take`). The rank cannot compute meanwhile, but
+    the time is not part of any op's span."""
 
     per_op: float = 0.0
     per_send: float = 0.0
     per_recv: float = 0.0
     send_start: float | None = None  # None: once the whole posting is done (per_send)
+    per_take: float = 0.0
 
     def check(self) -> "HostOverhead":
-        for name in ("per_op", "per_send", "per_recv", "send_start"):
+        for name in ("per_op", "per_send", "per_recv", "send_start", "per_take"):
             value = getattr(self, name)
             if name == "send_start" and value is None:
                 continue
@@ -165,7 +167,7 @@ class HostOverhead:
 
     @property
     def any(self) -> bool:
-        return bool(self.per_op or self.per_send or self.per_recv)
+        return bool(self.per_op or self.per_send or self.per_recv or self.per_take)
 
 
 @dataclass(frozen=True)
@@ -379,10 +381,10 @@ def from_dict(data: Any) -> CostModel:
     overhead = data.get("host_overhead", {})
     if not isinstance(overhead, dict):
         raise CostError("host_overhead must be an object with per_op, per_send and per_recv (seconds)")
-    unknown = sorted(set(overhead) - {"per_op", "per_send", "per_recv", "send_start"})
+    unknown = sorted(set(overhead) - {"per_op", "per_send", "per_recv", "send_start", "per_take"})
     if unknown:
         raise CostError(f"host_overhead has unknown field {unknown[0]!r}; fields are per_op, per_send, per_recv, "
-                        "send_start")
+                        "send_start, per_take")
     host_overhead = HostOverhead(**overhead)
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
@@ -419,7 +421,8 @@ def to_dict(model: CostModel) -> dict:
                        "pinned": model.host.pinned, "switching": model.host.switching}
     if model.host_overhead.any:
         o = model.host_overhead
-        doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv}
+        doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv,
+                                "per_take": o.per_take}
         if o.send_start is not None:
             doc["host_overhead"]["send_start"] = o.send_start
     if model.meta:

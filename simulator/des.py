@@ -50,7 +50,7 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
     edge_link, edge_time = timing.edge_link, timing.edge_time
     contention, blocking = timing.contention, timing.blocking_sends
 
-    pre, post, offset = timing.unit_pre, timing.unit_post, timing.edge_offset
+    pre, post, offset, take = timing.unit_pre, timing.unit_post, timing.edge_offset, timing.unit_take
     task_start = [0.0] * len(graph.tasks)
     task_end = [0.0] * len(graph.tasks)
     serial = timing.serial_pairs and timing.task_offset is not None
@@ -81,6 +81,8 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
                     ev = arrived[e]
                     if ev is not None and not ev.processed:
                         yield ev
+            if take and take[u]:
+                yield busy(r, take[u])
             unit_start[u] = env.now
             sent = []
             if serial and len(members) == 2:  # one op, its sends, the other op, its sends

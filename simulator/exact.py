@@ -36,7 +36,7 @@ def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
     unit_time, edge_time, edge_link = timing.unit_time, timing.edge_time, timing.edge_link
     contention, blocking = timing.contention, timing.blocking_sends
     no_host = [0.0] * n_units
-    pre, post = timing.unit_pre or no_host, timing.unit_post or no_host
+    pre, post, take = timing.unit_pre or no_host, timing.unit_post or no_host, timing.unit_take or no_host
     offset = timing.edge_offset or [0.0] * n_edges
     task_offset, task_len = timing.task_offset, timing.task_len
     for u in graph.topo_units:
@@ -47,6 +47,7 @@ def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
             for e in inputs[task]:
                 if arrival[e] > t:
                     t = arrival[e]
+        t += take[u]
         end = t + unit_time[u]
         unit_start[u] = t
         unit_end[u] = end

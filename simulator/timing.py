@@ -32,6 +32,7 @@ class Timing:
     recv_lookahead: int = 2       # receives posted this many units ahead (< 0: all at the start)
     unit_pre: list[float] | None = None     # host seconds before each unit (posting receives)
     unit_post: list[float] | None = None    # host seconds after each unit (bookkeeping, posting sends)
+    unit_take: list[float] | None = None    # host seconds between its inputs' arrival and its start
     edge_offset: list[float] | None = None  # per transfer: seconds after its task's end until it is posted
     task_offset: list[float] | None = None  # each task's start within its unit (None: all at the start)
     task_len: list[float] | None = None     # each task's span (None: its unit's)
@@ -98,7 +99,7 @@ def _units(graph: TaskGraph, costs: CostModel, timing: Timing) -> None:
     first op's outputs leave when it ends; an overlapped pair (overlap > 0) takes
     `pair_time` and both ops' outputs leave at its end."""
     task_time = timing.task_time
-    task_post, offset, pre = _host_time(graph, costs, timing) if costs.host_overhead.any else (None, None, None)
+    task_post, offset, pre, take = _host_time(graph, costs, timing) if costs.host_overhead.any else (None,) * 4
     serial = costs.overlap == 0
     unit_time, unit_post = [], []
     task_offset, task_len = [0.0] * len(task_time), list(task_time)
@@ -126,7 +127,7 @@ def _units(graph: TaskGraph, costs: CostModel, timing: Timing) -> None:
     timing.unit_time = unit_time
     timing.task_offset, timing.task_len, timing.serial_pairs = task_offset, task_len, serial
     if task_post is not None:
-        timing.unit_pre, timing.unit_post, timing.edge_offset = pre, unit_post, offset
+        timing.unit_pre, timing.unit_post, timing.edge_offset, timing.unit_take = pre, unit_post, offset, take
 
 
 def _first_backwards_keep(graph: TaskGraph, stage_costs: list[StageCost], task_time: list[float]) -> None:
@@ -148,16 +149,18 @@ def _first_backwards_keep(graph: TaskGraph, stage_costs: list[StageCost], task_t
 
 
 def _host_time(graph: TaskGraph, costs: CostModel, timing: Timing
-               ) -> tuple[list[float], list[float], list[float]]:
+               ) -> tuple[list[float], list[float], list[float], list[float]]:
     """(per task: host time after it, bookkeeping then posting each of its sends in
     turn; per edge: when its data can leave, after its task's end; per unit: host time
-    before it, posting the receives the executor posts there)."""
+    before it, posting the receives the executor posts there; per unit: host time taking
+    its arrived inputs)."""
     from .posting import receive_posts
 
     o = costs.host_overhead
     task_post = [0.0] * len(graph.tasks)
     offset = [0.0] * len(graph.edges)
     pre = [0.0] * len(graph.units)
+    take = [0.0] * len(graph.units)
     posts = receive_posts(graph, costs.recv_lookahead) if o.per_recv else []
     for ids in graph.rank_units:
         for u in ids:
@@ -169,9 +172,11 @@ def _host_time(graph: TaskGraph, costs: CostModel, timing: Timing
                         done += o.per_send
                 task_post[t] = done
                 for e in graph.task_inputs[t]:
-                    if posts and timing.edge_link[e] >= 0:
-                        pre[ids[posts[e]]] += o.per_recv
-    return task_post, offset, pre
+                    if timing.edge_link[e] >= 0:
+                        take[u] += o.per_take
+                        if posts:
+                            pre[ids[posts[e]]] += o.per_recv
+    return task_post, offset, pre, take
 
 
 def _payload(cost: StageCost, activation: bool) -> float:
