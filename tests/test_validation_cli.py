@@ -17,7 +17,7 @@ from simulator.trace import Trace  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--hidden", "128", "--microbatch-size", "16", "--repeats", "5", "--calibration-warmup", "2"]
+SMALL = ["--hidden", "256", "--microbatch-size", "32", "--repeats", "5", "--calibration-warmup", "2"]
 
 
 def pipesched(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -26,7 +26,7 @@ def pipesched(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 
 def test_validate_reports_predicted_against_measured(tmp_path):
-    proc = pipesched("validate", "zb-h1", "-p", "2", "-m", "8", *SMALL, "--steps", "3", "--warmup", "1",
+    proc = pipesched("validate", "zb-h1", "-p", "2", "-m", "8", *SMALL, "--steps", "5", "--warmup", "2",
                      "--json", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -45,7 +45,7 @@ def test_validate_reports_predicted_against_measured(tmp_path):
     assert predicted.source == "simulated" and measured.source == "measured"
     assert (tmp_path / "validate.png").stat().st_size > 10_000
     costs = load(tmp_path / "costs.json")
-    assert len(costs.model_stages) == 2 and costs.model_stages[0].activation_bytes == 16 * 128 * 4
+    assert len(costs.model_stages) == 2 and costs.model_stages[0].activation_bytes == 32 * 256 * 4
     # the cost file drives the simulator as any other
     sim = pipesched("simulate", "zb-h1", "-p", "2", "-m", "8", "--costs", str(tmp_path / "costs.json"), "--json")
     assert sim.returncode == 0, sim.stderr
@@ -56,11 +56,14 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     out = tmp_path / "costs.json"
     proc = pipesched("calibrate", "zb-v", "-p", "2", "-m", "4", *SMALL, "-o", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "T_F" in proc.stdout and "link: latency" in proc.stdout
+    assert "T_F" in proc.stdout and "link: latency" in proc.stdout and "to post a send" in proc.stdout
     costs = load(out)
     assert len(costs.model_stages) == 4  # zb-v cuts the model in 2p
     assert all(s.forward > 0 and s.backward_weight > 0 and s.activation_memory > 0 for s in costs.model_stages)
-    assert costs.network.intra.latency > 0
+    link = costs.network.intra
+    assert link.latency >= 0 and 1e8 < link.bandwidth < float("inf")  # loopback: GB/s
+    assert 0 < costs.host_overhead.per_op < costs.host_overhead.per_send  # posting a send costs more than bookkeeping
+    assert costs.host_overhead.per_recv > 0 and costs.host_overhead.per_take > 0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -89,9 +89,12 @@ def print_costs(costs: CostModel) -> None:
             print(f"{name}: latency {fmt_seconds(link.latency)}, bandwidth {bw}")
     o = costs.host_overhead
     if o.any:
-        print(f"runtime host time: {fmt_seconds(o.per_op)} per op, {fmt_seconds(o.per_send)} to post a send, "
-              f"{fmt_seconds(o.per_recv)} to post a receive")
+        print(f"runtime host time: {fmt_seconds(o.per_op)} per op, {fmt_seconds(o.per_send)} to post a send "
+              f"(its data leaves after {fmt_seconds(o.send_leaves)}), {fmt_seconds(o.per_recv)} to post a receive, "
+              f"{fmt_seconds(o.per_take)} to take one")
     if costs.host is not None:
         h = costs.host
+        shared = f"; ranks pinned round-robin, {100 * h.switching:.1f} % below a fair share of a shared core" \
+            if h.pinned else ""
         print(f"one host: {h.capacity:g} cores, {h.compute_demand:g} threads per rank; compute "
-              f"{100 * h.interference:.1f} % slower with every core busy")
+              f"{100 * h.interference:.1f} % slower with every core busy{shared}")
