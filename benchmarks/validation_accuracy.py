@@ -6,7 +6,9 @@ then ping-pong on the links), run (warm-up steps, then measured steps; the step 
 median makespan is compared), simulate under the calibrated costs, compare. All cases of
 one p share one launch of the ranks. Printed: a row per case (makespan error, bubble
 error in points, worst rank's peak-memory error, op start-time error p50/p90) and the
-median and max of each error over all cases and per p.
+median and max of each error over all cases and per p; then the same summaries with
+each modelled effect taken out of the simulation again (same calibrations, same runs),
+which shows how much each effect moves the error.
 
     python benchmarks/validation_accuracy.py [--ranks 2,4] [--models mlp,transformer]
         [--schedules 1f1b,zb-v] [--multipliers 2,4,8] [--steps 5] [--json OUT.json]
@@ -20,6 +22,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,9 +33,11 @@ from executor.calibrate import CalibrationOptions  # noqa: E402
 from executor.job import RunOptions  # noqa: E402
 from executor.launch import launch_local  # noqa: E402
 from executor.models import ExampleModel  # noqa: E402
-from executor.validation import assemble, calibrate_and_run  # noqa: E402
+from executor.validation import assemble, calibrate_and_run, predict  # noqa: E402
 from schedules.ir import ScheduleError  # noqa: E402
 from schedules.registry import BUILDERS, build  # noqa: E402
+from simulator.compare import compare  # noqa: E402
+from simulator.costs import CostModel, HostOverhead  # noqa: E402
 
 MODELS = {
     "mlp": ExampleModel("mlp", hidden=512, layers_per_stage=2, microbatch_size=32),
@@ -63,6 +68,45 @@ def cases_for(p: int, models: list[str], schedules: list[str], multipliers: list
                     continue
                 cases.append(((model, name, p, m), schedule, MODELS[model]))
     return cases
+
+
+def _without_host_time(c: CostModel) -> CostModel:
+    return replace(c, host_overhead=HostOverhead())
+
+
+def _without_interference(c: CostModel) -> CostModel:
+    return c if c.host is None else replace(c, host=replace(c.host, interference=0.0))
+
+
+def _fair_sharing(c: CostModel) -> CostModel:
+    return c if c.host is None or not c.host.pinned else replace(c, host=replace(c.host, pinned=False, switching=0.0))
+
+
+def _without_first_backward(c: CostModel) -> CostModel:
+    def strip(stages):
+        return None if stages is None else tuple(replace(s, grad_accumulate=0.0) for s in stages)
+    return replace(c, stages=strip(c.stages), model_stages=strip(c.model_stages))
+
+
+def _without_buffers(c: CostModel) -> CostModel:
+    return replace(c, comm_buffers=False)
+
+
+# each modelled effect taken out again, to see how much it moves the error
+ABLATIONS = {"no host time outside ops": _without_host_time, "no interference between busy cores": _without_interference,
+             "fair sharing instead of pinned cores": _fair_sharing,
+             "no cheaper first backward": _without_first_backward, "no communication buffers": _without_buffers}
+
+
+def ablations(schedule, costs: CostModel, result, options: RunOptions) -> dict[str, dict[str, float]]:
+    """Errors of the prediction with each modelled effect removed."""
+    out = {}
+    for name, strip in ABLATIONS.items():
+        c = compare(predict(schedule, replace(strip(costs), recv_lookahead=options.lookahead)), result.trace)
+        out[name] = {"makespan_rel_error": c.makespan_rel_error, "bubble_error_pt": 100 * (c.predicted.bubble_ratio -
+                     c.measured.bubble_ratio), "peak_memory_rel_error": c.peak_memory_rel_error,
+                     "start_p90": c.start_time_error_p90}
+    return out
 
 
 def summarise(rows: list[dict], label: str) -> str:
@@ -112,7 +156,8 @@ def main() -> int:
                    "bubble_error_pt": 100 * (c.predicted.bubble_ratio - c.measured.bubble_ratio),
                    "peak_memory_rel_error": c.peak_memory_rel_error, "start_p50": c.start_time_error_p50,
                    "start_p90": c.start_time_error_p90, "shared": v.shared,
-                   "per_op": [o.__dict__ for o in c.per_op]}
+                   "per_op": [o.__dict__ for o in c.per_op],
+                   "ablations": ablations(schedule, costs, result, options)}
             rows.append(row)
             print(f"{model:<12} {name:<17} {pp:>2} {m:>3} {1e3 * row['predicted']:>8.1f}ms {1e3 * row['measured']:>8.1f}ms "
                   f"{100 * row['makespan_rel_error']:>+7.2f}% {100 * row['predicted_bubble']:>10.2f}% "
@@ -125,6 +170,11 @@ def main() -> int:
     for model in sorted({r["model"] for r in rows}):
         print(summarise([r for r in rows if r["model"] == model], model))
     print(summarise(rows, "all"))
+    print("\nwith one modelled effect removed (same calibrations, same runs):")
+    for name in ABLATIONS:
+        stripped = [{**r, **r["ablations"][name]} for r in rows]
+        for p in sorted({r["p"] for r in rows}):
+            print(summarise([r for r in stripped if r["p"] == p], f"  {name}, p={p}"))
     print(f"took {time.perf_counter() - started:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
