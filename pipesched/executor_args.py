@@ -31,6 +31,27 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
 
 
+def add_measurement_args(parser: argparse.ArgumentParser, warmup: int) -> None:
+    """--steps, --warmup, --recv-lookahead and --no-check."""
+    r = parser.add_argument_group("measurement")
+    r.add_argument("--steps", type=int, default=5,
+                   help="measured steps; the trace is of the step of median makespan (default 5)")
+    r.add_argument("--warmup", type=int, default=warmup, help=f"unmeasured steps first (default {warmup})")
+    r.add_argument("--recv-lookahead", type=int, default=2, metavar="UNITS",
+                   help="gloo: post each receive at least this many ops ahead (default 2; -1: all at the start)")
+    r.add_argument("--no-check", action="store_true", help="skip the comparison with the unpipelined model")
+
+
+def run_options(args: argparse.Namespace):
+    """The executor's RunOptions from the measurement flags (checked)."""
+    from executor.job import RunOptions
+
+    if args.steps < 1 or args.warmup < 0:
+        raise UsageError(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+    return RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check,
+                      lookahead=args.recv_lookahead)
+
+
 def import_executor(command: str) -> None:
     """UsageError unless torch (and so the executor) can be imported."""
     try:

@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 
-from ..errors import UsageError
-from ..executor_args import add_executor_args, import_executor, model_from_args, prepare_checked
+from ..executor_args import (add_executor_args, add_measurement_args, import_executor, model_from_args,
+                             prepare_checked, run_options)
 from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
 
 
@@ -20,29 +20,21 @@ def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a schedule on torch.distributed and record a measured trace")
     add_schedule_args(p)
     add_executor_args(p)
-    r = p.add_argument_group("measurement")
-    r.add_argument("--steps", type=int, default=5, help="measured steps (default 5)")
-    r.add_argument("--warmup", type=int, default=1, help="unmeasured steps first (default 1)")
-    r.add_argument("--recv-lookahead", type=int, default=2, metavar="UNITS",
-                   help="gloo: post receives this many ops ahead (default 2; -1: all at the start)")
-    r.add_argument("--no-check", action="store_true", help="skip the comparison with the unpipelined model")
-    r.add_argument("--trace", metavar="OUT.json", help="write the measured Trace (the step of median makespan)")
-    r.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_measurement_args(p, warmup=1)
+    p.add_argument("--trace", metavar="OUT.json", help="write the measured Trace (the step of median makespan)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import_executor("run")
     from executor.comm import ExecutorError
-    from executor.job import RunOptions, start
+    from executor.job import start
 
-    if args.steps < 1 or args.warmup < 0:
-        raise UsageError(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+    options = run_options(args)
     model = model_from_args(args)
     schedule = schedule_from_args(args)
     graph = prepare_checked(schedule, model, args.backend)
-    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check,
-                         lookahead=args.recv_lookahead)
     try:
         result = start(schedule, model, options, args.backend)
     except ExecutorError as exc:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from ..executor_args import add_executor_args, import_executor, model_from_args, prepare_checked
+from ..executor_args import (add_executor_args, add_measurement_args, import_executor, model_from_args,
+                             prepare_checked, run_options)
 from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
 from .calibrate import add_calibration_args, calibration_options, print_costs
 
@@ -24,13 +25,7 @@ def add_parser(sub) -> None:
     add_schedule_args(p)
     add_executor_args(p)
     add_calibration_args(p)
-    r = p.add_argument_group("measurement")
-    r.add_argument("--steps", type=int, default=5, help="measured steps; the step of median makespan is compared "
-                                                        "(default 5)")
-    r.add_argument("--warmup", type=int, default=2, help="unmeasured steps first (default 2)")
-    r.add_argument("--recv-lookahead", type=int, default=2, metavar="UNITS",
-                   help="gloo: post receives this many ops ahead (default 2; -1: all at the start)")
-    r.add_argument("--no-check", action="store_true", help="skip the gradient check against the unpipelined model")
+    add_measurement_args(p, warmup=2)
     p.add_argument("--out", metavar="DIR", default="pipesched-validate",
                    help="write predicted.json, measured.json, costs.json and validate.png here "
                         "(default ./pipesched-validate)")
@@ -41,12 +36,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import_executor("validate")
     from executor.comm import ExecutorError
-    from executor.job import RunOptions
     from executor.validation import validate_schedule
     from simulator.costs import save
 
-    if args.steps < 1 or args.warmup < 0:
-        raise UsageError(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
+    options = run_options(args)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -56,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
     schedule = schedule_from_args(args)
     prepare_checked(schedule, model, args.backend)
     calibration = calibration_options(args)
-    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check,
-                         lookahead=args.recv_lookahead)
     try:
         result = validate_schedule(schedule, model, options, calibration, args.backend)
     except ExecutorError as exc:
