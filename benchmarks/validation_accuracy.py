@@ -122,6 +122,17 @@ def summarise(rows: list[dict], label: str) -> str:
             f"start-time error p90 median {100 * statistics.median(p90):.2f} %")
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo where there is one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="2,4")
@@ -136,7 +147,7 @@ def main() -> int:
     args = ap.parse_args()
     calibration = CalibrationOptions(repeats=args.repeats, timeout=600)
     options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=600, check=False, lookahead=args.recv_lookahead)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores ({platform.processor() or 'unknown CPU'}), "
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_name()}), "
           f"torch {torch.__version__}, gloo on CPU")
     print(f"{'model':<12} {'schedule':<17} {'p':>2} {'m':>3} {'predicted':>10} {'measured':>10} {'error':>8} "
           f"{'bubble pred':>11} {'meas':>6} {'diff':>7} {'mem err':>8} {'start p50':>9} {'p90':>6} {'shared':>6}")
