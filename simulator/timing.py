@@ -38,12 +38,6 @@ class Timing:
     task_len: list[float] | None = None     # each task's span (None: its unit's)
     serial_pairs: bool = False              # a pair runs its ops one after the other
 
-    def task_end_offset(self, unit: int, task: int) -> float:
-        """When `task`'s outputs are ready, in seconds after its unit starts."""
-        if self.task_offset is None:
-            return self.unit_time[unit]
-        return self.task_offset[task] + self.task_len[task]
-
 
 @dataclass
 class Timeline:

@@ -12,7 +12,6 @@ from executor.calibrate import host_sharing, oversubscribed, side_by_side_groups
 from executor.links import fit_link  # noqa: E402
 from executor.profile import profile_stage, slowdown  # noqa: E402
 from executor.clock import now  # noqa: E402
-from executor.launch import RankContext  # noqa: E402
 from executor.memory import MemoryLedger  # noqa: E402
 from executor.models import ExampleModel, check_model, mse_loss  # noqa: E402
 from executor.stage import StageModule  # noqa: E402

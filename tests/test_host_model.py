@@ -10,7 +10,6 @@ import simpy
 
 from schedules.fileformat import from_dict
 from schedules.registry import build
-from schedules.validate import validate
 from simulator.api import simulate
 from simulator.costs import CostModel, HostOverhead, HostSharing, StageCost, uniform
 from simulator.metrics import compute_metrics

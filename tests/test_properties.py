@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedules import fileformat
-from schedules.ir import Schedule, ScheduleError
+from schedules.ir import ScheduleError
 from schedules.registry import BUILDERS, build
 from schedules.validate import validate
 from simulator import costs as cost_files
