@@ -274,7 +274,7 @@ def host_sharing(backend: str, cores: int, threads: int, ranks: int, hosts: list
         return None
     if backend == "gloo-cuda":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 1
-        return HostSharing(capacity=float(gpus)) if ranks > gpus else None
+        return HostSharing(capacity=float(gpus), gpu=True) if ranks > gpus else None
     if backend != "gloo":
         return None
     if ranks * threads <= cores and interference == 0.0:

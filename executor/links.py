@@ -113,6 +113,13 @@ def posting_costs(ctx: RankContext, pair: tuple[int, int], spec: TensorSpec, run
     transport_cls = NcclTransport if ctx.backend == "nccl" else GlooTransport
     transport = transport_cls(ctx.rank, ctx.timeout, MemoryLedger(now), ctx.device, 1, groups)
     payload = torch.zeros(spec.shape, dtype=spec.dtype, device=ctx.device)
+
+    def finish_op() -> None:
+        # a GPU op is still running when run_op returns; copying a tensor to or from the
+        # host would wait for it, counting the op's time as posting time
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+
     arrived = torch.zeros(1)
     samples: dict[str, list[float]] = {"send": [], "leave": [], "recv": [], "take": []}
     try:
@@ -121,6 +128,7 @@ def posting_costs(ctx: RankContext, pair: tuple[int, int], spec: TensorSpec, run
             transfer = Transfer(i, receiver if ctx.rank == sender else sender, dummy, dummy, "activation")
             measured = i >= warmup
             run_op()
+            finish_op()
             start = now()
             if ctx.rank == sender:
                 handed_over = transport.handed_over
@@ -136,6 +144,7 @@ def posting_costs(ctx: RankContext, pair: tuple[int, int], spec: TensorSpec, run
                 posted = now() - start
                 dist.recv(arrived, sender)
                 run_op()
+                finish_op()
                 start = now()
                 transport.take(transfer)
                 if measured:

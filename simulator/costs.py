@@ -180,7 +180,10 @@ class HostSharing:
     `pinned`: rank r is pinned to core r mod capacity (one thread each, as the executor
     pins ranks that outnumber the cores) and shares that core with the ranks pinned to it;
     `switching`: how much slower than its fair share a rank computes on a core it
-    time-shares (each switch evicts the other rank's data from the core's caches)."""
+    time-shares (each switch evicts the other rank's data from the core's caches).
+    `gpu`: the shared processor is `capacity` GPUs time-sliced between the ranks'
+    contexts (gloo-cuda): only ops compete for it, while host time outside ops (posting
+    and taking transfers, bookkeeping) runs on each rank's own CPU, unshared."""
 
     capacity: float
     compute_demand: float = 1.0
@@ -188,6 +191,7 @@ class HostSharing:
     interference: float = 0.0
     pinned: bool = False
     switching: float = 0.0
+    gpu: bool = False
 
     def check(self) -> "HostSharing":
         for name in ("capacity", "compute_demand", "wait_demand", "interference", "switching"):
@@ -195,8 +199,11 @@ class HostSharing:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host.{name} must be a finite number >= 0, got {value!r}")
         # far below a processor the DES would step forever (a denormal capacity never finishes work)
-        if not isinstance(self.pinned, bool):
-            raise CostError(f"host.pinned must be true or false, got {self.pinned!r}")
+        for flag in ("pinned", "gpu"):
+            if not isinstance(getattr(self, flag), bool):
+                raise CostError(f"host.{flag} must be true or false, got {getattr(self, flag)!r}")
+        if self.pinned and self.gpu:
+            raise CostError("host.pinned is for CPU cores; a shared GPU (host.gpu) is not pinned")
         if self.pinned and (self.capacity != int(self.capacity) or self.compute_demand != 1):
             raise CostError("host.pinned needs a whole number of cores (capacity) and compute_demand 1")
         if self.capacity < MIN_SHARE or self.compute_demand < MIN_SHARE:
@@ -373,7 +380,7 @@ def from_dict(data: Any) -> CostModel:
     if host is not None:
         if not isinstance(host, dict) or "capacity" not in host:
             raise CostError("host must be an object with capacity (and compute_demand, wait_demand)")
-        fields_ = {"capacity", "compute_demand", "wait_demand", "interference", "pinned", "switching"}
+        fields_ = {"capacity", "compute_demand", "wait_demand", "interference", "pinned", "switching", "gpu"}
         unknown = sorted(set(host) - fields_)
         if unknown:
             raise CostError(f"host has unknown field {unknown[0]!r}; fields are {', '.join(sorted(fields_))}")
@@ -418,7 +425,7 @@ def to_dict(model: CostModel) -> dict:
     if model.host is not None:
         doc["host"] = {"capacity": model.host.capacity, "compute_demand": model.host.compute_demand,
                        "wait_demand": model.host.wait_demand, "interference": model.host.interference,
-                       "pinned": model.host.pinned, "switching": model.host.switching}
+                       "pinned": model.host.pinned, "switching": model.host.switching, "gpu": model.host.gpu}
     if model.host_overhead.any:
         o = model.host_overhead
         doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv,

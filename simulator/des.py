@@ -67,22 +67,27 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
         return arrived[e]
 
     def busy(r: int, seconds: float):
-        """The rank occupied for `seconds` of dedicated work (shared under a host)."""
+        """The rank computing for `seconds` of dedicated work (shared under a host)."""
         return env.timeout(seconds) if host is None else host.compute(r, seconds)
+
+    def host_work(r: int, seconds: float):
+        """The rank's host busy outside ops: shared with the others unless they share a
+        GPU, whose ranks each have their own CPU."""
+        return env.timeout(seconds) if host is None or sharing.gpu else host.compute(r, seconds)
 
     def rank(r: int) -> Generator:
         inputs, outputs, units = graph.task_inputs, graph.task_outputs, graph.units
         for u in graph.rank_units[r]:
             members = units[u]
             if pre and pre[u]:
-                yield busy(r, pre[u])
+                yield host_work(r, pre[u])
             for t in members:
                 for e in inputs[t]:
                     ev = arrived[e]
                     if ev is not None and not ev.processed:
                         yield ev
             if take and take[u]:
-                yield busy(r, take[u])
+                yield host_work(r, take[u])
             unit_start[u] = env.now
             sent = []
             if serial and len(members) == 2:  # one op, its sends, the other op, its sends
@@ -105,7 +110,7 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
                 sent = [send(e) for t in members for e in outputs[t] if edge_link[e] >= 0]
             unit_end[u] = env.now
             if post and post[u]:
-                yield busy(r, post[u])
+                yield host_work(r, post[u])
             if blocking:
                 for ev in sent:
                     if not ev.processed:

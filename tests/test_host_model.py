@@ -108,3 +108,28 @@ def test_a_cost_file_round_trips_the_machine_model():
     costs = uniform(1, 2, 1, grad_accumulate=0.1, host=HostSharing(2, interference=0.1, pinned=True, switching=0.05),
                     host_overhead=HostOverhead(1e-5, 3e-4, 2e-4, 1e-4))
     assert costs_from_dict(to_dict(costs)) == costs
+
+
+def test_ranks_sharing_a_gpu_share_only_their_ops_not_their_host_time():
+    # F = B = W = 1 (BW = 2), 0.5 s of host bookkeeping after each op (sends leave after
+    # it), both ranks on one GPU. Host time runs on each rank's own CPU, so a rank's
+    # bookkeeping never slows the other's op: BW0@1 runs alone [4, 6] while rank 0 waits,
+    # then F1@1 and BW0@0 share the GPU from 6.5, F1@1 ends at 8.5, BW0@0 runs alone
+    # during rank 1's bookkeeping [8.5, 9] and shares with BW1@1 until it ends at 10.
+    host_time = HostOverhead(per_op=0.5)
+    gpu = simulate(build("1f1b", 2, 2), uniform(1, 1, 1, host=HostSharing(1, gpu=True), host_overhead=host_time))
+    assert spans(gpu) == {"F0@0": (0, 1), "F0@1": (1.5, 3.5), "F1@0": (1.5, 3.5), "BW0@1": (4, 6),
+                          "F1@1": (6.5, 8.5), "BW0@0": (6.5, 10), "BW1@1": (9, 11.5), "BW1@0": (12, 14)}
+    # ranks sharing CPU cores share their host time as well: both bookkeep [3.5, 4.5] at half speed
+    cores = simulate(build("1f1b", 2, 2), uniform(1, 1, 1, host=HostSharing(1), host_overhead=host_time))
+    assert spans(cores)["BW0@1"] == (4.5, 6.5) and compute_metrics(cores).makespan == pytest.approx(15.5)
+
+
+def test_a_shared_gpu_is_not_pinned_and_round_trips():
+    from simulator.costs import CostError, from_dict as costs_from_dict, to_dict
+    with pytest.raises(CostError, match="pinned"):
+        HostSharing(1, pinned=True, gpu=True).check()
+    with pytest.raises(CostError, match="gpu must be true or false"):
+        HostSharing(1, gpu=1).check()
+    costs = uniform(1, 2, 1, host=HostSharing(1, gpu=True))
+    assert costs_from_dict(to_dict(costs)) == costs

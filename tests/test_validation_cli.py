@@ -52,6 +52,24 @@ def test_validate_reports_predicted_against_measured(tmp_path):
     assert json.loads(sim.stdout)["makespan"] == pytest.approx(doc["predicted"]["makespan"], rel=1e-9)
 
 
+@pytest.mark.gpu
+def test_validate_ranks_sharing_one_gpu(tmp_path):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    proc = pipesched("validate", "1f1b", "-p", "2", "-m", "4", "--backend", "gloo-cuda", "--hidden", "2048",
+                     "--microbatch-size", "64", "--repeats", "5", "--json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["shared_compute"] and doc["host"]["gpu"] and doc["loss_matches_reference"]
+    costs = load(tmp_path / "costs.json")
+    # posting and taking a transfer are host work: timed after the op's kernels finished,
+    # they no longer include the op (before the fix, taking one cost as much as a W)
+    op = min(s.forward for s in costs.model_stages)
+    assert costs.host_overhead.per_take < op and costs.host_overhead.per_send < op
+    assert abs(doc["makespan_rel_error"]) < 0.5  # shared-GPU predictions are rough (README)
+
+
 def test_calibrate_writes_a_cost_file(tmp_path):
     out = tmp_path / "costs.json"
     proc = pipesched("calibrate", "zb-v", "-p", "2", "-m", "4", *SMALL, "-o", str(out))

@@ -92,7 +92,9 @@ def print_costs(costs: CostModel) -> None:
         print(f"runtime host time: {fmt_seconds(o.per_op)} per op, {fmt_seconds(o.per_send)} to post a send "
               f"(its data leaves after {fmt_seconds(o.send_leaves)}), {fmt_seconds(o.per_recv)} to post a receive, "
               f"{fmt_seconds(o.per_take)} to take one")
-    if costs.host is not None:
+    if costs.host is not None and costs.host.gpu:
+        print(f"one host: {costs.host.capacity:g} GPUs time-sliced between the ranks' ops; host time per rank")
+    elif costs.host is not None:
         h = costs.host
         shared = f"; ranks pinned round-robin, {100 * h.switching:.1f} % below a fair share of a shared core" \
             if h.pinned else ""

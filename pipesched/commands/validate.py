@@ -79,9 +79,11 @@ def print_report(s: dict, costs) -> None:
     print(f"{s['schedule']}: {s['ranks']} ranks, {s['microbatches']} microbatches ({s['backend']}; {s['model']})")
     print_costs(costs)
     if s["shared_compute"]:
-        print(f"note: this run shared compute ({s['ranks']} ranks x {s['host']['compute_demand']:g} threads on "
-              f"{s['host']['capacity']:g} cores); the prediction models the sharing, timings on dedicated "
-              "hardware will differ")
+        h = s["host"]
+        what = f"{h['capacity']:g} GPUs" if h.get("gpu") else f"{h['capacity']:g} cores"
+        demand = "" if h.get("gpu") else f" x {h['compute_demand']:g} threads"
+        print(f"note: this run shared compute ({s['ranks']} ranks{demand} on {what}); the prediction models "
+              "the sharing, timings on dedicated hardware will differ")
     p, m = s["predicted"], s["measured"]
     print(f"{'':<24}{'predicted':>12}{'measured':>12}{'error':>12}")
     print(f"{'makespan':<24}{fmt_seconds(p['makespan']):>12}{fmt_seconds(m['makespan']):>12}"
