@@ -198,7 +198,6 @@ class HostSharing:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host.{name} must be a finite number >= 0, got {value!r}")
-        # far below a processor the DES would step forever (a denormal capacity never finishes work)
         for flag in ("pinned", "gpu"):
             if not isinstance(getattr(self, flag), bool):
                 raise CostError(f"host.{flag} must be true or false, got {getattr(self, flag)!r}")
@@ -206,6 +205,7 @@ class HostSharing:
             raise CostError("host.pinned is for CPU cores; a shared GPU (host.gpu) is not pinned")
         if self.pinned and (self.capacity != int(self.capacity) or self.compute_demand != 1):
             raise CostError("host.pinned needs a whole number of cores (capacity) and compute_demand 1")
+        # far below a processor the DES would step forever (a denormal capacity never finishes work)
         if self.capacity < MIN_SHARE or self.compute_demand < MIN_SHARE:
             raise CostError(f"host.capacity and host.compute_demand must be at least {MIN_SHARE:g} cores, "
                             f"got {self.capacity}, {self.compute_demand}")

@@ -106,6 +106,8 @@ COST_FILES = {
     "binary.json": (b"\xff\xfe", "not UTF-8"),
     "deep.json": ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
     "denormal.json": ('{"host": {"capacity": 1e-309}}', "must be at least 1e-06 cores"),
+    "gpu.json": ('{"host": {"capacity": 1, "gpu": "yes"}}', "host.gpu must be true or false"),
+    "pinned_gpu.json": ('{"host": {"capacity": 1, "gpu": true, "pinned": true}}', "a shared GPU (host.gpu) is not pinned"),
     "zero.json": ('{"stage": {"forward": 0, "backward_input": 0, "backward_weight": 0}}', "every op takes 0 s"),
     # each value is finite, their sum is not
     "overflow.json": ('{"stage": {"forward": 1e308, "backward_input": 1e308}}', "overflow to infinity"),
