@@ -83,13 +83,16 @@ def makespan_under(schedule, op_time) -> float:
     between candidate orders."""
     from schedules.validate import validate
 
-    from .timing import Timing
-
     graph = validate(schedule)
     num_model = schedule.num_model_stages
     model = [st.model_stage for st in schedule.stages]
     task_time = [op_time(t.op, model[t.stage], num_model) for t in graph.tasks]
+    return max(free_transfer_timeline(graph, task_time).unit_end, default=0.0)
+
+
+def free_transfer_timeline(graph: TaskGraph, task_time: list[float]) -> Timeline:
+    """The timeline when task t takes task_time[t] seconds, the ops of a pair run one
+    after the other and transfers take no time."""
     unit_time = [sum(task_time[t] for t in members) for members in graph.units]
     none = [0.0] * len(graph.edges)
-    timing = Timing(task_time, unit_time, none, none, [-1] * len(graph.edges), [], False, False, [])
-    return max(longest_path(graph, timing).unit_end, default=0.0)
+    return longest_path(graph, Timing(task_time, unit_time, none, none, [-1] * len(graph.edges), [], False, False, []))

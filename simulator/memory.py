@@ -28,13 +28,10 @@ def resident_bytes(graph: TaskGraph, stage_costs: list[StageCost]) -> list[float
     return held
 
 
-def buffer_intervals(graph: TaskGraph, edge_bytes: list[float], recv_lookahead: int, unit_start: list[float],
+def buffer_intervals(graph: TaskGraph, edge_bytes: list[float], posts: list[int], unit_start: list[float],
                      unit_end: list[float], edge_end: list[float]) -> list[tuple[int, float, float, float]]:
-    """(rank, from, to, bytes) of every communication and hand-over buffer; receives
-    are posted by the rule of `simulator.posting`."""
-    from .posting import receive_posts
-
-    posts = receive_posts(graph, recv_lookahead)
+    """(rank, from, to, bytes) of every communication and hand-over buffer; `posts`: per
+    edge, the receiver's unit its receive is posted before (`simulator.posting`)."""
     out = []
     for e, edge in enumerate(graph.edges):
         nbytes = edge_bytes[e]

@@ -17,19 +17,14 @@ from bisect import bisect_right
 
 from schedules.graph import LOCAL, TaskGraph
 
-from .exact import longest_path
-from .timing import Timing
+from .exact import free_transfer_timeline
 
 UNIT_COST = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0}
 
 
 def unit_time_starts(graph: TaskGraph) -> list[float]:
     """Start of every unit when ops take unit time and transfers are free."""
-    task_time = [UNIT_COST[t.op] for t in graph.tasks]
-    unit_time = [sum(task_time[t] for t in members) for members in graph.units]
-    none = [0.0] * len(graph.edges)
-    timing = Timing(task_time, unit_time, none, none, [-1] * len(graph.edges), [], False, False, [])
-    return longest_path(graph, timing).unit_start
+    return free_transfer_timeline(graph, [UNIT_COST[t.op] for t in graph.tasks]).unit_start
 
 
 def receive_posts(graph: TaskGraph, lookahead: int) -> list[int]:

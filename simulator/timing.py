@@ -29,7 +29,7 @@ class Timing:
     blocking_sends: bool
     stage_costs: list[StageCost]  # per model stage
     comm_buffers: bool = False    # count transfer and hand-over buffers in memory
-    recv_lookahead: int = 2       # receives posted this many units ahead (< 0: all at the start)
+    recv_posts: list[int] | None = None     # per edge: the receiver's unit its receive is posted before
     unit_pre: list[float] | None = None     # host seconds before each unit (posting receives)
     unit_post: list[float] | None = None    # host seconds after each unit (bookkeeping, posting sends)
     unit_take: list[float] | None = None    # host seconds between its inputs' arrival and its start
@@ -82,7 +82,10 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
         edge_time = list(np.asarray(edge_time) * factors[len(task_time):])
     links = sorted(link_ids, key=link_ids.get)
     timing = Timing(task_time, [], edge_time, edge_bytes, edge_link, links, costs.contention,
-                    costs.blocking_sends, stage_costs, costs.comm_buffers, costs.recv_lookahead)
+                    costs.blocking_sends, stage_costs, costs.comm_buffers)
+    if costs.comm_buffers or costs.host_overhead.per_recv:
+        from .posting import receive_posts  # posting times a unit-time run with the exact engine, which imports this
+        timing.recv_posts = receive_posts(graph, costs.recv_lookahead)
     _units(graph, costs, timing)
     return timing
 
@@ -148,14 +151,12 @@ def _host_time(graph: TaskGraph, costs: CostModel, timing: Timing
     turn; per edge: when its data can leave, after its task's end; per unit: host time
     before it, posting the receives the executor posts there; per unit: host time taking
     its arrived inputs)."""
-    from .posting import receive_posts
-
     o = costs.host_overhead
     task_post = [0.0] * len(graph.tasks)
     offset = [0.0] * len(graph.edges)
     pre = [0.0] * len(graph.units)
     take = [0.0] * len(graph.units)
-    posts = receive_posts(graph, costs.recv_lookahead) if o.per_recv else []
+    posts = timing.recv_posts if o.per_recv else None
     for ids in graph.rank_units:
         for u in ids:
             for t in graph.units[u]:
@@ -168,7 +169,7 @@ def _host_time(graph: TaskGraph, costs: CostModel, timing: Timing
                 for e in graph.task_inputs[t]:
                     if timing.edge_link[e] >= 0:
                         take[u] += o.per_take
-                        if posts:
+                        if posts is not None:
                             pre[ids[posts[e]]] += o.per_recv
     return task_post, offset, pre, take
 
@@ -209,7 +210,7 @@ def to_trace(graph: TaskGraph, timing: Timing, timeline: Timeline, meta: dict | 
         peer=cat(np.full(n, -1), receiver, sender).astype(np.int32),
         overlapped=cat(col["paired"], np.zeros(k, bool), np.zeros(k, bool)),
         memory=memory_samples(graph, timing.stage_costs, list(task_start), list(task_end),
-                              buffer_intervals(graph, timing.edge_bytes, timing.recv_lookahead, timeline.unit_start,
+                              buffer_intervals(graph, timing.edge_bytes, timing.recv_posts, timeline.unit_start,
                                                timeline.unit_end, timeline.edge_end)
                               if timing.comm_buffers else None),
         meta=dict(meta or {}))
