@@ -210,7 +210,7 @@ def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankRep
             param_bytes=mean("param_bytes"), grad_accumulate=mean("grad_accumulate")))
     hosts = [r.host for r in reports]
     link_rows = []
-    for a, rep in enumerate(reports):
+    for rep in reports:
         for pair, times in rep.links.items():
             latency, bandwidth = fit_link(sizes, times)
             # the ping-pong's one-way time includes posting the isend, which the simulator charges to the sender

@@ -176,7 +176,7 @@ def _child(rank: int, world: int, backend: str, timeout: float, init_method: str
         # waiter threads may still block in gloo; do not let interpreter shutdown join them
         os._exit(1)
     # Interpreter shutdown can abort here ("terminate called without an active exception":
-    # a C++ thread torch's pipelining runtime leaves joinable, about one launch in 25);
+    # a C++ thread torch's pipelining runtime leaves joinable, about one launch in 40);
     # the rank's work is reported and its group destroyed, so skip the finalizers.
     os._exit(0)
 
