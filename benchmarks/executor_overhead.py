@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from executor.launch import launch_local  # noqa: E402
-from executor.memory import MemoryLedger  # noqa: E402
-from executor.models import ExampleModel, check_model, mse_loss  # noqa: E402
-from executor.runtime import RankRuntime  # noqa: E402
-from executor.stage import StageModule  # noqa: E402
-from schedules.registry import build  # noqa: E402
-from schedules.validate import validate  # noqa: E402
+from pipesched.executor.launch import launch_local  # noqa: E402
+from pipesched.executor.memory import MemoryLedger  # noqa: E402
+from pipesched.executor.models import ExampleModel, check_model, mse_loss  # noqa: E402
+from pipesched.executor.runtime import RankRuntime  # noqa: E402
+from pipesched.executor.stage import StageModule  # noqa: E402
+from pipesched.schedules.registry import build  # noqa: E402
+from pipesched.schedules.validate import validate  # noqa: E402
 
 MODELS = {
     "mlp": ExampleModel("mlp", hidden=512, layers_per_stage=2, microbatch_size=32),

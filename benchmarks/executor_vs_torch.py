@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from executor.launch import launch_local, threads_per_rank  # noqa: E402
-from executor.models import ExampleModel, check_model  # noqa: E402
-from executor.runtime import RankRuntime  # noqa: E402
-from executor.torch_schedules import torch_schedule  # noqa: E402
-from schedules.registry import build  # noqa: E402
-from schedules.validate import validate  # noqa: E402
+from pipesched.executor.launch import launch_local, threads_per_rank  # noqa: E402
+from pipesched.executor.models import ExampleModel, check_model  # noqa: E402
+from pipesched.executor.runtime import RankRuntime  # noqa: E402
+from pipesched.executor.torch_schedules import torch_schedule  # noqa: E402
+from pipesched.schedules.registry import build  # noqa: E402
+from pipesched.schedules.validate import validate  # noqa: E402
 
 # (pipesched name, torch name, torch class name, stages per rank)
 CASES = (("1f1b", "1F1B", "Schedule1F1B", 1),

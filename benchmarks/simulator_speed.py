@@ -25,11 +25,11 @@ def ours(name: str, p: int, m: int, v: int | None) -> dict:
     """One simulation with communication; times each phase (seconds)."""
     import resource
 
-    from schedules.registry import build
-    from schedules.validate import validate
-    from simulator.api import simulate
-    from simulator.costs import Link, Network, uniform
-    from simulator.metrics import compute_metrics
+    from pipesched.schedules.registry import build
+    from pipesched.schedules.validate import validate
+    from pipesched.simulator.api import simulate
+    from pipesched.simulator.costs import Link, Network, uniform
+    from pipesched.simulator.metrics import compute_metrics
 
     costs = uniform(1e-3, 1e-3, 1e-3, activation_bytes=8e6, activation_memory=1e8,
                     network=Network(Link(2e-5, 1e10)))

@@ -32,16 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from executor.calibrate import CalibrationOptions  # noqa: E402
-from executor.job import RunOptions  # noqa: E402
-from executor.launch import launch_local  # noqa: E402
-from executor.models import ExampleModel  # noqa: E402
-from executor.validation import assemble, calibrate_and_run, predict  # noqa: E402
-from schedules.ir import ScheduleError  # noqa: E402
-from schedules.registry import BUILDERS, build  # noqa: E402
-from simulator.compare import compare  # noqa: E402
-from simulator.costs import CostModel, HostOverhead, from_dict as costs_from_dict, to_dict  # noqa: E402
-from simulator.trace import Trace  # noqa: E402
+from pipesched.executor.calibrate import CalibrationOptions  # noqa: E402
+from pipesched.executor.job import RunOptions  # noqa: E402
+from pipesched.executor.launch import launch_local  # noqa: E402
+from pipesched.executor.models import ExampleModel  # noqa: E402
+from pipesched.executor.validation import assemble, calibrate_and_run, predict  # noqa: E402
+from pipesched.schedules.ir import ScheduleError  # noqa: E402
+from pipesched.schedules.registry import BUILDERS, build  # noqa: E402
+from pipesched.simulator.compare import compare  # noqa: E402
+from pipesched.simulator.costs import CostModel, HostOverhead, from_dict as costs_from_dict, to_dict  # noqa: E402
+from pipesched.simulator.trace import Trace  # noqa: E402
 
 MODELS = {
     "mlp": ExampleModel("mlp", hidden=512, layers_per_stage=2, microbatch_size=32),

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from executor.torch_schedules import compare_with_torch
-from simulator.costs import uniform
+from pipesched.executor.torch_schedules import compare_with_torch
+from pipesched.simulator.costs import uniform
 
 COSTS = [(1, 1, 1), (1, 2, 1), (2, 3, 1)]
 SIZES = [(4, 8), (4, 16), (8, 32), (4, 10)]

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from schedules.ir import Schedule
-from schedules.validate import validate
-from simulator.costs import CostModel, HostOverhead, HostSharing, Link, Network, StageCost
+from pipesched.schedules.ir import Schedule
+from pipesched.schedules.validate import validate
+from pipesched.simulator.costs import CostModel, HostOverhead, HostSharing, Link, Network, StageCost
 
 from .comm import link_groups
 from .launch import RankContext, host_cores, launch_local, run_here, under_torchrun

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from schedules.ir import Task
+from pipesched.schedules.ir import Task
 
 from .clock import now
 from .memory import MemoryLedger

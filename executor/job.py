@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from schedules.graph import TaskGraph
-from schedules.ir import Schedule
-from schedules.validate import validate
-from simulator.metrics import Metrics, compute_metrics
-from simulator.trace import COMPUTE, RECV, SEND, Span, Trace
+from pipesched.schedules.graph import TaskGraph
+from pipesched.schedules.ir import Schedule
+from pipesched.schedules.validate import validate
+from pipesched.simulator.metrics import Metrics, compute_metrics
+from pipesched.simulator.trace import COMPUTE, RECV, SEND, Span, Trace
 
 from . import reference, replicas
 from .clock import clock_offset

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from schedules.ir import F, Task
+from pipesched.schedules.ir import F, Task
 
 from .clock import now
 from .comm import GlooTransport, NcclTransport, Transfer

@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from schedules.ir import Schedule
+from pipesched.schedules.ir import Schedule
 
 from .comm import ExecutorError
 

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from schedules.graph import ACTIVATION, LOCAL, TaskGraph
-from schedules.ir import B, BW, F, W, Task
-from simulator.posting import receive_posts
+from pipesched.schedules.graph import ACTIVATION, LOCAL, TaskGraph
+from pipesched.schedules.ir import B, BW, F, W, Task
+from pipesched.simulator.posting import receive_posts
 
 from . import replicas
 from .clock import CpuTimer, CudaTimer, now

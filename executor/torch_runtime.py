@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from schedules import torch_format
-from schedules.ir import Schedule, ScheduleError
-from schedules.validate import validate
+from pipesched.schedules import torch_format
+from pipesched.schedules.ir import Schedule, ScheduleError
+from pipesched.schedules.validate import validate
 
 from .comm import ExecutorError
 from .launch import RankContext, launch_local

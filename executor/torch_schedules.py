@@ -14,11 +14,11 @@ import logging
 
 from typing import TYPE_CHECKING, Any
 
-from schedules.ir import Schedule, ScheduleError
-from schedules.torch_format import from_rows
+from pipesched.schedules.ir import Schedule, ScheduleError
+from pipesched.schedules.torch_format import from_rows
 
 if TYPE_CHECKING:
-    from simulator.costs import CostModel
+    from pipesched.simulator.costs import CostModel
 
 # torch's class names; lookups are case-insensitive like torch's own get_schedule_class
 TORCH_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -114,10 +114,10 @@ def compare_with_torch(ranks: int, microbatches: int, costs: "CostModel") -> lis
     """For every schedule both projects have: our makespan and fullest-rank peak memory
     against torch's order of the same name, both in our simulator under `costs` (ours
     built for those costs). Rows where torch cannot produce the schedule say why."""
-    from schedules.registry import build
-    from schedules.validate import validate
-    from simulator.api import simulate
-    from simulator.metrics import compute_metrics
+    from pipesched.schedules.registry import build
+    from pipesched.schedules.validate import validate
+    from pipesched.simulator.api import simulate
+    from pipesched.simulator.metrics import compute_metrics
 
     def measure(schedule: Schedule) -> tuple[float, float]:
         m = compute_metrics(simulate(validate(schedule), costs, engine="exact"))

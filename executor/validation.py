@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from schedules.ir import Schedule
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.compare import Comparison, compare
-from simulator.costs import CostModel
-from simulator.memory import resident_bytes
-from simulator.trace import Trace
+from pipesched.schedules.ir import Schedule
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.compare import Comparison, compare
+from pipesched.simulator.costs import CostModel
+from pipesched.simulator.memory import resident_bytes
+from pipesched.simulator.trace import Trace
 
 from .calibrate import CalibrationOptions, calibrate_here, oversubscribed
 from .job import RunOptions, RunResult, run_schedule

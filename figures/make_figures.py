@@ -26,10 +26,10 @@ from pathlib import Path
 
 from pipesched.plots.compare import plot_compare
 from pipesched.plots.gallery import plot_gallery
-from schedules.registry import BUILDERS, build
-from simulator.api import simulate
-from simulator.costs import Link, Network, uniform
-from simulator.trace import Trace
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import Link, Network, uniform
+from pipesched.simulator.trace import Trace
 
 HERE = Path(__file__).resolve().parent
 P, M = 4, 8
@@ -75,7 +75,7 @@ def vs_torch() -> Path | None:
     if importlib.util.find_spec("torch") is None:
         print("skipped vs_torch.png: torch is not installed")
         return None
-    from executor.torch_schedules import compare_with_torch
+    from pipesched.executor.torch_schedules import compare_with_torch
     from pipesched.plots.vs_torch import plot_vs_torch
 
     rows = [{**row, "costs": list(fbw)} for fbw in ((1, 1, 1), (1, 2, 1), (2, 3, 1))

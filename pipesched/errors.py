@@ -1,9 +1,9 @@
 """Errors the CLI reports as one line and exit status 2 (bad input of any kind)."""
 from __future__ import annotations
 
-from schedules.ir import ScheduleError
-from simulator.costs import CostError
-from simulator.trace import TraceError
+from pipesched.schedules.ir import ScheduleError
+from pipesched.simulator.costs import CostError
+from pipesched.simulator.trace import TraceError
 
 
 class UsageError(ValueError):

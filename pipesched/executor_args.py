@@ -10,7 +10,7 @@ import argparse
 import math
 import os
 
-from schedules.ir import Schedule, ScheduleError
+from pipesched.schedules.ir import Schedule, ScheduleError
 
 from .errors import UsageError
 
@@ -44,7 +44,7 @@ def add_measurement_args(parser: argparse.ArgumentParser, warmup: int) -> None:
 
 def run_options(args: argparse.Namespace):
     """The executor's RunOptions from the measurement flags (checked)."""
-    from executor.job import RunOptions
+    from pipesched.executor.job import RunOptions
 
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
@@ -55,14 +55,14 @@ def run_options(args: argparse.Namespace):
 def import_executor(command: str) -> None:
     """UsageError unless torch (and so the executor) can be imported."""
     try:
-        import executor.job  # noqa: F401
+        import pipesched.executor.job  # noqa: F401
     except ImportError as exc:
         raise UsageError(f"pipesched {command} needs torch (pip install 'pipesched[torch]'): {exc}") from None
 
 
 def model_from_args(args: argparse.Namespace):
     """The example model the flags describe (checked when prepared)."""
-    from executor.models import ExampleModel
+    from pipesched.executor.models import ExampleModel
 
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
@@ -73,8 +73,8 @@ def model_from_args(args: argparse.Namespace):
 def prepare_checked(schedule: Schedule, model, backend: str):
     """`executor.job.prepare` with every problem as one line: the schedule's own error,
     else a UsageError. Returns the validated task graph."""
-    from executor.job import prepare
-    from executor.launch import under_torchrun
+    from pipesched.executor.job import prepare
+    from pipesched.executor.launch import under_torchrun
 
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) != schedule.ranks:
         raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks, the schedule has {schedule.ranks}")

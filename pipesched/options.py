@@ -7,11 +7,11 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from schedules import fileformat, torch_format
-from schedules.ir import Schedule
-from schedules.registry import build, check_size
-from simulator import costs as cost_files
-from simulator.costs import CostModel, HostSharing, Link, Network, StageCost
+from pipesched.schedules import fileformat, torch_format
+from pipesched.schedules.ir import Schedule
+from pipesched.schedules.registry import build, check_size
+from pipesched.simulator import costs as cost_files
+from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 
 from .errors import UsageError
 
@@ -52,7 +52,7 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
         raise UsageError(f"schedule {spec!r} needs -p RANKS and -m MICROBATCHES")
     if spec.startswith("torch:"):
         try:
-            from executor.torch_schedules import torch_schedule
+            from pipesched.executor.torch_schedules import torch_schedule
         except ImportError as exc:
             raise UsageError(f"{spec} needs torch (pip install 'pipesched[torch]'): {exc}") from None
         if ranks > 0 and microbatches > 0 and (chunks or 2) > 0:

@@ -184,6 +184,6 @@ def play(name: str, ranks: int, microbatches: int, stages: list[VirtualStage], p
 
 def fastest(candidates: list[Schedule], op_time: OpTime) -> Schedule:
     """The candidate with the shortest makespan under `op_time` (ties: the first)."""
-    from simulator.exact import makespan_under  # the one exact-timing core
+    from pipesched.simulator.exact import makespan_under  # the one exact-timing core
 
     return min(candidates, key=lambda s: makespan_under(s, op_time))

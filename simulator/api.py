@@ -1,9 +1,9 @@
 """One call from a schedule and a cost model to a Trace."""
 from __future__ import annotations
 
-from schedules.graph import TaskGraph
-from schedules.ir import Schedule
-from schedules.validate import gc_paused, validate
+from pipesched.schedules.graph import TaskGraph
+from pipesched.schedules.ir import Schedule
+from pipesched.schedules.validate import gc_paused, validate
 
 from .costs import CostModel
 from .des import run_des

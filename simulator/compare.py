@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from schedules.ir import OPS
+from pipesched.schedules.ir import OPS
 
 from .metrics import Metrics, compute_metrics
 from .trace import COMPUTE, Trace

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from schedules.ir import B, BW, F, W
+from pipesched.schedules.ir import B, BW, F, W
 
 try:
     import tomllib

@@ -20,7 +20,7 @@ from typing import Generator
 
 import simpy
 
-from schedules.graph import TaskGraph
+from pipesched.schedules.graph import TaskGraph
 
 from .costs import HostSharing
 from .sharing import DONE, SharedHost

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from schedules.graph import TaskGraph
+from pipesched.schedules.graph import TaskGraph
 
 from .timing import Timeline, Timing
 
@@ -81,7 +81,7 @@ def makespan_under(schedule, op_time) -> float:
     """Makespan of `schedule` when op X of model stage k (of S) takes op_time(X, k, S)
     seconds, pairs run serially and transfers are free. Builders use it to choose
     between candidate orders."""
-    from schedules.validate import validate
+    from pipesched.schedules.validate import validate
 
     graph = validate(schedule)
     num_model = schedule.num_model_stages

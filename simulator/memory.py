@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from schedules.graph import LOCAL, TaskGraph
-from schedules.ir import B, BW, F, W
+from pipesched.schedules.graph import LOCAL, TaskGraph
+from pipesched.schedules.ir import B, BW, F, W
 
 from .costs import StageCost
 

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from schedules.graph import LOCAL, TaskGraph
-from schedules.ir import OPS, Task
+from pipesched.schedules.graph import LOCAL, TaskGraph
+from pipesched.schedules.ir import OPS, Task
 
 from .memory import peak_bytes
 from .trace import COMPUTE, SEND, Trace

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from schedules.ir import OPS
+from pipesched.schedules.ir import OPS
 
 from .trace import COMPUTE, RECV, SEND, Trace
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from schedules.graph import LOCAL, TaskGraph
+from pipesched.schedules.graph import LOCAL, TaskGraph
 
 from .exact import free_transfer_timeline
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from schedules.graph import TaskGraph
+from pipesched.schedules.graph import TaskGraph
 
 from .costs import CostModel
 from .des import run_des

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from schedules.graph import GRADIENT, LOCAL, TaskGraph
-from schedules.ir import BW, F, W
+from pipesched.schedules.graph import GRADIENT, LOCAL, TaskGraph
+from pipesched.schedules.ir import BW, F, W
 from .costs import CostModel, StageCost
 from .memory import buffer_intervals, memory_samples
 from .trace import COMPUTE, RECV, SEND, Trace

@@ -20,7 +20,7 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
-from schedules.ir import OPS
+from pipesched.schedules.ir import OPS
 
 FORMAT = "pipesched.trace/1"
 COMPUTE, SEND, RECV = 0, 1, 2

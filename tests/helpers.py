@@ -1,11 +1,11 @@
 """Small helpers shared by the tests."""
 from __future__ import annotations
 
-from schedules.ir import Schedule
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.costs import CostModel, uniform
-from simulator.metrics import Metrics, compute_metrics
+from pipesched.schedules.ir import Schedule
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostModel, uniform
+from pipesched.simulator.metrics import Metrics, compute_metrics
 
 
 def run(schedule: Schedule, costs: CostModel | None = None, engine: str = "exact") -> Metrics:

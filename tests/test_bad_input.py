@@ -6,11 +6,11 @@ import json
 import pytest
 
 from pipesched.cli import main
-from schedules import fileformat
-from schedules.ir import ScheduleError
-from schedules.registry import MAX_OPS, build
-from simulator.costs import uniform
-from simulator.trace import Trace, TraceError
+from pipesched.schedules import fileformat
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.registry import MAX_OPS, build
+from pipesched.simulator.costs import uniform
+from pipesched.simulator.trace import Trace, TraceError
 
 from helpers import makespan
 

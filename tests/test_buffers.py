@@ -8,15 +8,15 @@ import json
 import numpy as np
 import pytest
 
-from schedules.graph import LOCAL
-from schedules.registry import build
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.costs import CostError, Link, Network, from_dict, load, to_dict, uniform
-from simulator.exact import longest_path
-from simulator.memory import buffer_intervals
-from simulator.posting import receive_posts, unit_time_starts
-from simulator.timing import resolve
+from pipesched.schedules.graph import LOCAL
+from pipesched.schedules.registry import build
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostError, Link, Network, from_dict, load, to_dict, uniform
+from pipesched.simulator.exact import longest_path
+from pipesched.simulator.memory import buffer_intervals
+from pipesched.simulator.posting import receive_posts, unit_time_starts
+from pipesched.simulator.timing import resolve
 
 
 def levels(trace, rank):

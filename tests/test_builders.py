@@ -1,9 +1,9 @@
 """Every built-in schedule: valid over a grid of (p, m, v), and at its published makespan."""
 import pytest
 
-from schedules.ir import ScheduleError
-from schedules.registry import BUILDERS, build
-from simulator.costs import uniform
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.simulator.costs import uniform
 
 from helpers import close, makespan, run
 

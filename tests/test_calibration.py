@@ -8,15 +8,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from executor.calibrate import host_sharing, oversubscribed, side_by_side_groups  # noqa: E402
-from executor.links import fit_link  # noqa: E402
-from executor.profile import profile_stage, slowdown  # noqa: E402
-from executor.clock import now  # noqa: E402
-from executor.memory import MemoryLedger  # noqa: E402
-from executor.models import ExampleModel, check_model, mse_loss  # noqa: E402
-from executor.stage import StageModule  # noqa: E402
-from executor.validation import without_parameters  # noqa: E402
-from simulator.costs import uniform  # noqa: E402
+from pipesched.executor.calibrate import host_sharing, oversubscribed, side_by_side_groups  # noqa: E402
+from pipesched.executor.links import fit_link  # noqa: E402
+from pipesched.executor.profile import profile_stage, slowdown  # noqa: E402
+from pipesched.executor.clock import now  # noqa: E402
+from pipesched.executor.memory import MemoryLedger  # noqa: E402
+from pipesched.executor.models import ExampleModel, check_model, mse_loss  # noqa: E402
+from pipesched.executor.stage import StageModule  # noqa: E402
+from pipesched.executor.validation import without_parameters  # noqa: E402
+from pipesched.simulator.costs import uniform  # noqa: E402
 
 
 def test_a_line_through_exact_points_gives_its_latency_and_bandwidth():

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from pipesched.cli import main
-from schedules import fileformat
-from schedules.registry import BUILDERS, build
+from pipesched.schedules import fileformat
+from pipesched.schedules.registry import BUILDERS, build
 
 
 def cli(capsys, *args):

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from schedules.registry import build
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.compare import compare
-from simulator.costs import uniform
-from simulator.trace import COMPUTE, Trace
+from pipesched.schedules.registry import build
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.compare import compare
+from pipesched.simulator.costs import uniform
+from pipesched.simulator.trace import COMPUTE, Trace
 
 
 def predicted():

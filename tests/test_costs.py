@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from simulator import costs as cost_files
-from simulator.costs import CostError, CostModel, StageCost, uniform
+from pipesched.simulator import costs as cost_files
+from pipesched.simulator.costs import CostError, CostModel, StageCost, uniform
 
 
 def test_json_and_toml_cost_files_give_the_same_model(tmp_path):

@@ -21,15 +21,15 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from executor.comm import ExecutorError  # noqa: E402
-from executor.job import RunOptions, RunResult, run_schedule  # noqa: E402
-from executor.launch import launch_local  # noqa: E402
-from executor.models import ExampleModel  # noqa: E402
-from schedules import fileformat  # noqa: E402
-from schedules.registry import BUILDERS, build  # noqa: E402
-from schedules.validate import validate  # noqa: E402
-from simulator.metrics import compute_metrics  # noqa: E402
-from simulator.trace import COMPUTE, RECV, SEND, Trace  # noqa: E402
+from pipesched.executor.comm import ExecutorError  # noqa: E402
+from pipesched.executor.job import RunOptions, RunResult, run_schedule  # noqa: E402
+from pipesched.executor.launch import launch_local  # noqa: E402
+from pipesched.executor.models import ExampleModel  # noqa: E402
+from pipesched.schedules import fileformat  # noqa: E402
+from pipesched.schedules.registry import BUILDERS, build  # noqa: E402
+from pipesched.schedules.validate import validate  # noqa: E402
+from pipesched.simulator.metrics import compute_metrics  # noqa: E402
+from pipesched.simulator.trace import COMPUTE, RECV, SEND, Trace  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,16 +13,16 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from executor.memory import MemoryLedger  # noqa: E402
-from executor.models import (ExampleModel, ModelError, PipelineModel, check_model, mse_loss,  # noqa: E402
+from pipesched.executor.memory import MemoryLedger  # noqa: E402
+from pipesched.executor.models import (ExampleModel, ModelError, PipelineModel, check_model, mse_loss,  # noqa: E402
                              split_sequential)
-from executor.reference import compare  # noqa: E402
-from executor.runtime import Posting  # noqa: E402
-from executor.stage import StageModule, held_bytes  # noqa: E402
+from pipesched.executor.reference import compare  # noqa: E402
+from pipesched.executor.runtime import Posting  # noqa: E402
+from pipesched.executor.stage import StageModule, held_bytes  # noqa: E402
 from pipesched.cli import main as cli  # noqa: E402
-from schedules.graph import LOCAL  # noqa: E402
-from schedules.registry import BUILDERS, build  # noqa: E402
-from schedules.validate import validate  # noqa: E402
+from pipesched.schedules.graph import LOCAL  # noqa: E402
+from pipesched.schedules.registry import BUILDERS, build  # noqa: E402
+from pipesched.schedules.validate import validate  # noqa: E402
 
 
 def stage(module: nn.Module, model_stage: int, num: int = 3) -> tuple[StageModule, MemoryLedger]:
@@ -183,16 +183,16 @@ def test_posting_covers_every_receive_before_its_op(name):
 
 
 def refuse_launch(monkeypatch):
-    import executor.job
+    from pipesched.executor import job
 
     def boom(*args, **kwargs):
         raise AssertionError("a process was started")
-    monkeypatch.setattr(executor.job, "launch_local", boom)
-    monkeypatch.setattr(executor.job, "run_here", boom)
+    monkeypatch.setattr(job, "launch_local", boom)
+    monkeypatch.setattr(job, "run_here", boom)
 
 
 def test_launch_refuses_bad_stage_modules_before_starting(monkeypatch):
-    from executor.job import launch
+    from pipesched.executor.job import launch
     refuse_launch(monkeypatch)
     model = ExampleModel(hidden=8).build(2, 4)
     with pytest.raises(ModelError, match="4 model stages, but 2 stage modules"):

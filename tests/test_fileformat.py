@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from schedules import fileformat, torch_format
-from schedules.ir import ScheduleError
-from schedules.registry import BUILDERS, build
+from pipesched.schedules import fileformat, torch_format
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.registry import BUILDERS, build
 
 
 @pytest.mark.parametrize("name", BUILDERS)

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from simulator.metrics import compute_metrics, covered, merged_intervals
-from simulator.trace import COMPUTE, RECV, SEND, Span, Trace, TraceError
+from pipesched.simulator.metrics import compute_metrics, covered, merged_intervals
+from pipesched.simulator.trace import COMPUTE, RECV, SEND, Span, Trace, TraceError
 
 
 def test_merged_intervals_and_coverage():

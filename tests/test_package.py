@@ -4,8 +4,8 @@ import pkgutil
 import subprocess
 import sys
 
-import schedules
-import simulator
+from pipesched import schedules
+from pipesched import simulator
 
 
 def modules(package) -> list[str]:
@@ -14,7 +14,7 @@ def modules(package) -> list[str]:
 
 def test_every_schedules_and_simulator_module_imports_without_torch():
     names = modules(schedules) + modules(simulator)
-    assert "schedules.validate" in names and "simulator.des" in names
+    assert "pipesched.schedules.validate" in names and "pipesched.simulator.des" in names
     code = (f"import importlib, sys\nfor name in {names!r}:\n    importlib.import_module(name)\n"
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

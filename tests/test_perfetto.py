@@ -6,12 +6,12 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from schedules.registry import build
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.costs import Link, Network, uniform
-from simulator.perfetto import save_chrome_trace, to_chrome_trace
-from simulator.trace import COMPUTE, RECV, SEND
+from pipesched.schedules.registry import build
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import Link, Network, uniform
+from pipesched.simulator.perfetto import save_chrome_trace, to_chrome_trace
+from pipesched.simulator.trace import COMPUTE, RECV, SEND
 
 COSTS = dict(activation_bytes=1e6, activation_memory=1e9, param_bytes=2e9, network=Network(Link(0.05, 1e7)))
 

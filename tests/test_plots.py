@@ -10,13 +10,13 @@ from pipesched.errors import UsageError
 from pipesched.plots.compare import plot_compare
 from pipesched.plots.sweep import SweepPoint, pareto_front, plot_sweep
 from pipesched.plots.timeline import plot_timeline
-from schedules.ir import OPS
-from schedules.registry import BUILDERS, build
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.costs import Link, Network, uniform
-from simulator.metrics import compute_metrics
-from simulator.trace import COMPUTE, RECV, SEND, TraceError
+from pipesched.schedules.ir import OPS
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import Link, Network, uniform
+from pipesched.simulator.metrics import compute_metrics
+from pipesched.simulator.trace import COMPUTE, RECV, SEND, TraceError
 
 COSTS = uniform(1, 1, 1, activation_bytes=1e6, activation_memory=1e9, weight_memory=4e8, param_bytes=2e9,
                 network=Network(Link(0.05, 1e7)))

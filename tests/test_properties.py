@@ -4,13 +4,13 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedules import fileformat
-from schedules.ir import ScheduleError
-from schedules.registry import BUILDERS, build
-from schedules.validate import validate
-from simulator import costs as cost_files
-from simulator.api import simulate
-from simulator.costs import CostError, Link, Network, uniform
+from pipesched.schedules import fileformat
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.schedules.validate import validate
+from pipesched.simulator import costs as cost_files
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostError, Link, Network, uniform
 
 from helpers import close
 

@@ -1,12 +1,12 @@
 """Ranks sharing compute: processor sharing in the DES."""
 import pytest
 
-from schedules.registry import BUILDERS, build
-from schedules.validate import validate
-from simulator import costs as cost_files
-from simulator.api import simulate
-from simulator.costs import CostError, HostSharing, uniform
-from simulator.stochastic import sample_makespans
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.schedules.validate import validate
+from pipesched.simulator import costs as cost_files
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostError, HostSharing, uniform
+from pipesched.simulator.stochastic import sample_makespans
 
 from helpers import close, makespan, run
 

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from schedules.registry import BUILDERS, build
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.costs import CostModel, Link, Network, StageCost, uniform
-from simulator.metrics import compute_metrics
-from simulator.stochastic import makespan_stats, sample_makespans
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostModel, Link, Network, StageCost, uniform
+from pipesched.simulator.metrics import compute_metrics
+from pipesched.simulator.stochastic import makespan_stats, sample_makespans
 
 from helpers import close, makespan, run
 
@@ -133,6 +133,6 @@ def test_metrics_of_a_trace_loaded_from_disk(tmp_path):
     graph = validate(build("dualpipe", 4, 8))
     trace = simulate(graph, uniform(1, 1, 1, activation_bytes=1e6, network=Network(Link(0.1, 1e7))))
     trace.save(tmp_path / "t.json")
-    from simulator.trace import Trace
+    from pipesched.simulator.trace import Trace
     again = Trace.load(tmp_path / "t.json")
     assert compute_metrics(again, graph).to_dict() == compute_metrics(trace, graph).to_dict()

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from schedules.ir import ScheduleError
-from schedules.registry import BUILDERS, build
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.costs import CostModel, Link, Network, StageCost, uniform
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostModel, Link, Network, StageCost, uniform
 
 from helpers import close, run
 

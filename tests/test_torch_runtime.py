@@ -13,10 +13,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from schedules.ir import ScheduleError  # noqa: E402
+from pipesched.schedules.ir import ScheduleError  # noqa: E402
 
 try:
-    from executor import torch_runtime  # noqa: E402
+    from pipesched.executor import torch_runtime  # noqa: E402
     torch_runtime.runtime_class()
 except ScheduleError as exc:  # this torch lacks the private runtime: say which and why
     pytest.skip(str(exc), allow_module_level=True)
@@ -24,10 +24,10 @@ except ScheduleError as exc:  # this torch lacks the private runtime: say which 
 import torch  # noqa: E402
 import torch.distributed.pipelining.schedules as torch_schedules  # noqa: E402
 
-from executor.models import ExampleModel  # noqa: E402
+from pipesched.executor.models import ExampleModel  # noqa: E402
 from pipesched.cli import main  # noqa: E402
-from schedules import fileformat, torch_format  # noqa: E402
-from schedules.registry import BUILDERS, build  # noqa: E402
+from pipesched.schedules import fileformat, torch_format  # noqa: E402
+from pipesched.schedules.registry import BUILDERS, build  # noqa: E402
 
 MLP64 = ExampleModel("mlp", hidden=8, layers_per_stage=1, microbatch_size=4, dtype="float64")
 

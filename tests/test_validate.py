@@ -4,11 +4,11 @@ import copy
 import networkx as nx
 import pytest
 
-from schedules import fileformat
-from schedules.graph import to_networkx
-from schedules.ir import BW, F, Overlap, Schedule, ScheduleError, Task, VirtualStage
-from schedules.registry import build
-from schedules.validate import validate
+from pipesched.schedules import fileformat
+from pipesched.schedules.graph import to_networkx
+from pipesched.schedules.ir import BW, F, Overlap, Schedule, ScheduleError, Task, VirtualStage
+from pipesched.schedules.registry import build
+from pipesched.schedules.validate import validate
 
 
 def two_rank(programs, name="hand"):

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from simulator.costs import load  # noqa: E402
-from simulator.trace import Trace  # noqa: E402
+from pipesched.simulator.costs import load  # noqa: E402
+from pipesched.simulator.trace import Trace  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,14 +1,14 @@
 """No built-in schedule is slower than torch.distributed.pipelining's of the same name."""
 import pytest
 
-from schedules.ir import ScheduleError
-from schedules.registry import build
-from simulator.costs import Link, Network, uniform
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.registry import build
+from pipesched.simulator.costs import Link, Network, uniform
 
 from helpers import makespan
 
 pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
-from executor.torch_schedules import torch_schedule  # noqa: E402
+from pipesched.executor.torch_schedules import torch_schedule  # noqa: E402
 
 PAIRS = [("gpipe", "GPipe", None), ("1f1b", "1F1B", None), ("interleaved-1f1b", "Interleaved1F1B", 2),
          ("interleaved-1f1b", "Interleaved1F1B", 3), ("looped-bfs", "LoopedBFS", 2),
@@ -53,7 +53,7 @@ def test_unknown_torch_schedule():
 
 
 def test_side_by_side_rows_and_chart(tmp_path):
-    from executor.torch_schedules import SAME_NAME, compare_with_torch
+    from pipesched.executor.torch_schedules import SAME_NAME, compare_with_torch
     from pipesched.plots.vs_torch import plot_vs_torch
 
     rows = [{**r, "costs": [2, 3, 1]} for r in compare_with_torch(4, 16, uniform(2, 3, 1, activation_memory=1.0))]
@@ -87,7 +87,7 @@ def test_missing_visualizer_is_one_line_naming_the_torch_version(monkeypatch, ca
 def test_other_get_schedule_ops_signature_or_no_torch(monkeypatch):
     from torch.distributed.pipelining import _schedule_visualizer
 
-    from executor import torch_schedules
+    from pipesched.executor import torch_schedules
 
     monkeypatch.setattr(_schedule_visualizer, "get_schedule_ops", lambda schedule, pp_degree, num_microbatches: [])
     with pytest.raises(ScheduleError, match="get_schedule_ops does not take the arguments of 2.13"):

@@ -12,7 +12,7 @@ import json
 import math
 import sys
 
-from simulator.costs import CostModel, to_dict
+from pipesched.simulator.costs import CostModel, to_dict
 
 from ..errors import UsageError
 from ..executor_args import add_executor_args, check_writable, import_executor, model_from_args, prepare_checked
@@ -37,7 +37,7 @@ def add_calibration_args(parser: argparse.ArgumentParser) -> None:
 
 
 def calibration_options(args: argparse.Namespace):
-    from executor.calibrate import CalibrationOptions
+    from pipesched.executor.calibrate import CalibrationOptions
 
     if args.repeats < 1 or args.calibration_warmup < 0:
         raise UsageError(f"need --repeats >= 1 and --calibration-warmup >= 0, "
@@ -47,8 +47,8 @@ def calibration_options(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     import_executor("calibrate")
-    from executor.calibrate import calibrate
-    from executor.comm import ExecutorError
+    from pipesched.executor.calibrate import calibrate
+    from pipesched.executor.comm import ExecutorError
 
     check_writable(args.output)
     model = model_from_args(args)

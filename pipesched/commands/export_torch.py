@@ -9,8 +9,8 @@ import argparse
 import csv
 import sys
 
-from schedules.torch_format import to_rows
-from schedules.validate import validate
+from pipesched.schedules.torch_format import to_rows
+from pipesched.schedules.validate import validate
 
 from ..errors import UsageError
 from ..options import add_schedule_args, schedule_from_args
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     rows = to_rows(schedule, overlap=not args.no_overlap)
     if args.check:
         try:
-            from executor.torch_runtime import case_from_rows, check_loads
+            from pipesched.executor.torch_runtime import case_from_rows, check_loads
         except ImportError as exc:
             raise UsageError(f"--check needs torch (pip install 'pipesched[torch]'): {exc}") from None
         check_loads(case_from_rows(rows, schedule.name))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from schedules import fileformat
-from schedules.validate import validate
+from pipesched.schedules import fileformat
+from pipesched.schedules.validate import validate
 
 from ..errors import UsageError
 from ..options import add_schedule_args, load_schedule

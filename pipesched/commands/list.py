@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from schedules.registry import BUILDERS
+from pipesched.schedules.registry import BUILDERS
 
 
 def add_parser(sub) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from simulator.trace import Trace
+from pipesched.simulator.trace import Trace
 
 from ..errors import UsageError
 from ..options import check_writable
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 def write_perfetto(trace: Trace, path: str) -> None:
     """Write `trace` as a Perfetto / Chrome trace; UsageError if the file cannot be written."""
-    from simulator.perfetto import save_chrome_trace
+    from pipesched.simulator.perfetto import save_chrome_trace
     try:
         save_chrome_trace(trace, path)
     except OSError as exc:

@@ -28,8 +28,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import_executor("run")
-    from executor.comm import ExecutorError
-    from executor.job import start
+    from pipesched.executor.comm import ExecutorError
+    from pipesched.executor.job import start
 
     options = run_options(args)
     model = model_from_args(args)

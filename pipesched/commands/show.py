@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from schedules import fileformat
-from schedules.graph import unit_label
-from schedules.validate import validate
+from pipesched.schedules import fileformat
+from pipesched.schedules.graph import unit_label
+from pipesched.schedules.validate import validate
 
 from ..options import add_schedule_args, schedule_from_args
 

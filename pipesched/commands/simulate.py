@@ -7,13 +7,13 @@ import math
 
 import numpy as np
 
-from schedules.graph import TaskGraph
-from schedules.validate import validate
-from simulator.api import simulate
-from simulator.costs import CostModel
-from simulator.metrics import Metrics, compute_metrics
-from simulator.stochastic import makespan_stats
-from simulator.trace import Trace
+from pipesched.schedules.graph import TaskGraph
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostModel
+from pipesched.simulator.metrics import Metrics, compute_metrics
+from pipesched.simulator.stochastic import makespan_stats
+from pipesched.simulator.trace import Trace
 
 from ..errors import UsageError
 from ..options import (add_cost_args, add_schedule_args, check_writable, costs_from_args, fmt_bytes, fmt_seconds,

@@ -9,11 +9,11 @@ import time
 from dataclasses import asdict, fields
 from typing import Callable, TextIO
 
-from schedules.ir import ScheduleError
-from schedules.registry import BUILDERS
-from schedules.validate import validate
-from simulator.costs import CostModel
-from simulator.metrics import compute_metrics
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.registry import BUILDERS
+from pipesched.schedules.validate import validate
+from pipesched.simulator.costs import CostModel
+from pipesched.simulator.metrics import compute_metrics
 
 from ..errors import UsageError
 from ..options import add_cost_args, check_writable, costs_from_args, fmt_bytes, fmt_seconds, load_schedule

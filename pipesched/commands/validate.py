@@ -35,9 +35,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import_executor("validate")
-    from executor.comm import ExecutorError
-    from executor.validation import validate_schedule
-    from simulator.costs import save
+    from pipesched.executor.comm import ExecutorError
+    from pipesched.executor.validation import validate_schedule
+    from pipesched.simulator.costs import save
 
     options = run_options(args)
     out = Path(args.out)

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from simulator.compare import Comparison, RankComparison, compare
-from simulator.trace import COMPUTE, Trace, TraceError
+from pipesched.simulator.compare import Comparison, RankComparison, compare
+from pipesched.simulator.trace import COMPUTE, Trace, TraceError
 
 from ..options import fmt_seconds
 from .legend import legend_handles

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from simulator.metrics import compute_metrics
-from simulator.trace import COMPUTE, Trace, TraceError
+from pipesched.simulator.metrics import compute_metrics
+from pipesched.simulator.trace import COMPUTE, Trace, TraceError
 
 from ..options import fmt_bytes, fmt_seconds
 from .legend import HANDLER_MAP, legend_handles

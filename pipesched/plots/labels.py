@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.text import Text
 
-from simulator.trace import Trace
+from pipesched.simulator.trace import Trace
 
 from .style import points_per_unit, text_color
 

@@ -7,8 +7,8 @@ from matplotlib.legend_handler import HandlerBase
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from schedules.ir import OPS
-from simulator.trace import COMPUTE, Trace
+from pipesched.schedules.ir import OPS
+from pipesched.simulator.trace import COMPUTE, Trace
 
 from .rows import chunk_of_spans
 from .style import ARROW_COLOR, COMM_COLOR, IDLE_COLOR, OP_COLORS, OP_NAMES, PAIR_EDGE, shade

@@ -6,7 +6,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from simulator.trace import Trace
+from pipesched.simulator.trace import Trace
 
 from .style import bytes_unit
 

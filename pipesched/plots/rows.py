@@ -16,9 +16,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection, PolyCollection
 
-from schedules.ir import OPS
-from simulator.metrics import merged_intervals
-from simulator.trace import COMPUTE, RECV, SEND, Trace
+from pipesched.schedules.ir import OPS
+from pipesched.simulator.metrics import merged_intervals
+from pipesched.simulator.trace import COMPUTE, RECV, SEND, Trace
 
 from .labels import draw_labels
 from .style import ARROW_COLOR, IDLE_COLOR, OP_COLORS, PAIR_EDGE, points_per_unit, shade

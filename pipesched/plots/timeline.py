@@ -11,8 +11,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from simulator.metrics import Metrics, compute_metrics
-from simulator.trace import COMPUTE, RECV, SEND, Trace, TraceError
+from pipesched.simulator.metrics import Metrics, compute_metrics
+from pipesched.simulator.trace import COMPUTE, RECV, SEND, Trace, TraceError
 
 from ..options import fmt_seconds
 from .legend import HANDLER_MAP, legend_handles
