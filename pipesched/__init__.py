@@ -1,2 +1,169 @@
-"""pipesched: choose, predict and run pipeline-parallel training schedules."""
+"""pipesched: choose, predict and run pipeline-parallel training schedules.
+
+    import pipesched as ps
+
+    costs = ps.uniform_costs(f=12e-3, b=14e-3, w=10e-3, activation_bytes=128 * 2**20, bandwidth=50e9)
+    schedule = ps.build("zb-v", ranks=8, microbatches=32, costs=costs)
+    trace = ps.simulate(schedule, costs)
+    print(ps.metrics(trace, schedule).makespan)   # seconds
+    ps.plot(trace, "zb-v.png")
+
+Schedules and the simulator need neither torch nor matplotlib: `run`, `calibrate` and
+`validate` import the executor (the `torch` extra) and `plot` imports matplotlib only
+when called. Units everywhere: seconds, bytes, bytes per second.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .schedules import fileformat as _fileformat
+from .schedules.graph import TaskGraph
+from .schedules.ir import Overlap, Schedule, ScheduleError, Task, VirtualStage
+from .schedules.registry import BUILDERS
+from .schedules.registry import build as _build
+from .schedules.validate import validate as _check
+from .simulator import costs as _costs
+from .simulator.api import simulate
+from .simulator.compare import Comparison, compare
+from .simulator.costs import CostError, CostModel, StageCost
+from .simulator.metrics import Metrics, compute_metrics
+from .simulator.trace import Trace, TraceError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .executor.calibrate import CalibrationOptions
+    from .executor.job import RunOptions, RunResult
+    from .executor.models import ExampleModel, PipelineModel
+    from .executor.validation import Validation
+
 __version__ = "0.1.0"
+
+__all__ = [
+    # schedules
+    "Schedule", "Task", "Overlap", "VirtualStage", "TaskGraph", "ScheduleError",
+    "build", "schedule_names", "check_schedule", "load_schedule", "save_schedule",
+    # costs and the simulator
+    "CostModel", "StageCost", "CostError", "uniform_costs", "load_costs", "save_costs",
+    "simulate", "Trace", "TraceError", "Metrics", "metrics", "Comparison", "compare", "plot",
+    # the executor (torch)
+    "PipelineModel", "ExampleModel", "RunOptions", "RunResult", "CalibrationOptions", "Validation",
+    "run", "calibrate", "validate",
+]
+
+
+def schedule_names() -> list[str]:
+    """The built-in schedules' names, as `build` and the CLI take them."""
+    return list(BUILDERS)
+
+
+def build(name: str, ranks: int, microbatches: int, chunks: int | None = None, *,
+          costs: CostModel | None = None) -> Schedule:
+    """A built-in schedule for `ranks` ranks and `microbatches` microbatches; `chunks` is v
+    for schedules that take it. With `costs`, schedules that adapt to op durations
+    (zb-h2, zb-v) order their ops for them, as `simulate` on the command line does."""
+    if costs is not None:
+        costs.check()
+    return _build(name, ranks, microbatches, chunks, costs.op_time_for(ranks) if costs is not None else None)
+
+
+def check_schedule(schedule: Schedule) -> TaskGraph:
+    """Validate any schedule (placement, completeness, no deadlock) and compile its task
+    graph; ScheduleError names the first problem, a deadlock as ops per rank."""
+    return _check(schedule)
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    """A schedule file (`pipesched.schedule/1`, as `pipesched show --json` writes)."""
+    return _fileformat.load(path)
+
+
+def save_schedule(schedule: Schedule, path: str | Path) -> None:
+    """Write `schedule` as a `pipesched.schedule/1` file."""
+    _fileformat.save(schedule, path)
+
+
+def uniform_costs(f: float = 1.0, b: float = 1.0, w: float = 1.0, **fields: Any) -> CostModel:
+    """Every pipeline stage takes F, B, W seconds per microbatch; keywords: latency (s),
+    bandwidth (bytes/s), activation_bytes, activation_memory, weight_memory, param_bytes
+    (bytes) and any other CostModel field."""
+    return _costs.uniform(f, b, w, **fields)
+
+
+def load_costs(path: str | Path) -> CostModel:
+    """A cost file (`pipesched.costs/1`, JSON or TOML, as `pipesched calibrate` writes)."""
+    return _costs.load(path)
+
+
+def save_costs(costs: CostModel, path: str | Path) -> None:
+    """Write `costs` as a `pipesched.costs/1` JSON file."""
+    _costs.save(costs, path)
+
+
+def metrics(trace: Trace, schedule: Schedule | TaskGraph | None = None) -> Metrics:
+    """Makespan, bubble ratio, per-rank busy/idle/peak memory and communication overlap of
+    any trace, simulated or measured; with the trace's schedule, the critical path too."""
+    graph = _check(schedule) if isinstance(schedule, Schedule) else schedule
+    return compute_metrics(trace, graph)
+
+
+def plot(trace: Trace, path: str | Path | None = None, *, vs: Trace | None = None, memory: bool = True,
+         title: str | None = None, window: tuple[float, float] | None = None,
+         figsize: tuple[float, float] | None = None) -> "Figure":
+    """The timeline of `trace` (or `trace` against `vs`, e.g. predicted against measured),
+    written to `path` (.png, .svg, .pdf) when given. `window`: (start, end) seconds to
+    draw; `figsize`: (width, height) inches."""
+    from .plots.compare import plot_compare
+    from .plots.timeline import plot_timeline
+
+    if vs is None:
+        return plot_timeline(trace, path, memory=memory, title=title, window=window, figsize=figsize)
+    return plot_compare(trace, vs, path, memory=memory, title=title, window=window, figsize=figsize)
+
+
+def run(schedule: Schedule, model: "PipelineModel | ExampleModel", options: "RunOptions | None" = None,
+        backend: str = "gloo") -> "RunResult | None":
+    """Run `schedule` on `model` with one local process per rank (torch.distributed P2P),
+    or this process's rank under torchrun; the measured trace, step times and the check
+    against the unpipelined model come back on rank 0 (None on other torchrun ranks).
+    Call it under `if __name__ == "__main__":` (ranks are started with spawn)."""
+    from .executor.job import RunOptions, launch
+
+    return launch(schedule, model, options or RunOptions(), backend)
+
+
+def calibrate(schedule: Schedule, model: "PipelineModel | ExampleModel",
+              options: "CalibrationOptions | None" = None, backend: str = "gloo") -> "CostModel | None":
+    """Measure `model`'s op, transfer and host costs on this machine, placed as `schedule`
+    places them: a CostModel for `simulate` (None on torchrun ranks other than 0)."""
+    from .executor.calibrate import CalibrationOptions, calibrate as _calibrate
+    from .executor.job import prepare
+
+    prepare(schedule, model, backend)
+    return _calibrate(schedule, model, options or CalibrationOptions(), backend)
+
+
+def validate(schedule: Schedule, model: "PipelineModel | ExampleModel", options: "RunOptions | None" = None,
+             calibration: "CalibrationOptions | None" = None, backend: str = "gloo") -> "Validation | None":
+    """Calibrate, simulate, run and compare: the prediction's error against the measured
+    run (makespan, bubbles, op starts, peak memory per rank)."""
+    from .executor.calibrate import CalibrationOptions
+    from .executor.job import RunOptions, prepare
+    from .executor.validation import validate_schedule
+
+    prepare(schedule, model, backend)
+    return validate_schedule(schedule, model, options or RunOptions(), calibration or CalibrationOptions(), backend)
+
+
+_LAZY = {"PipelineModel": "models", "ExampleModel": "models", "RunOptions": "job", "RunResult": "job",
+         "CalibrationOptions": "calibrate", "Validation": "validation"}
+
+
+def __getattr__(name: str) -> Any:
+    """The executor's types, imported (with torch) only when first used."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"pipesched.executor.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'pipesched' has no attribute {name!r}")

@@ -5,9 +5,12 @@ from pipesched.schedules.ir import ScheduleError
 from pipesched.simulator.costs import CostError
 from pipesched.simulator.trace import TraceError
 
+from .plots import FigureError
+
 
 class UsageError(ValueError):
     """Bad command-line arguments or files that no more specific error covers."""
 
 
-INPUT_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, CostError, TraceError)
+INPUT_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, CostError, TraceError,
+                                                     FigureError)

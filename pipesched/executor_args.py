@@ -96,3 +96,19 @@ def check_writable(path: str) -> None:
         raise UsageError(f"cannot write {path!r}: it is a directory")
     if not folder.is_dir() or not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"cannot write {path!r}: {'no such directory' if not folder.is_dir() else 'permission denied'}")
+
+
+def add_calibration_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("calibration")
+    g.add_argument("--repeats", type=int, default=15, help="measured repetitions per op and message size (default 15)")
+    g.add_argument("--calibration-warmup", type=int, default=3, metavar="N",
+                   help="unmeasured repetitions first (default 3)")
+
+
+def calibration_options(args: argparse.Namespace):
+    from pipesched.executor.calibrate import CalibrationOptions
+
+    if args.repeats < 1 or args.calibration_warmup < 0:
+        raise UsageError(f"need --repeats >= 1 and --calibration-warmup >= 0, "
+                         f"got {args.repeats} and {args.calibration_warmup}")
+    return CalibrationOptions(repeats=args.repeats, warmup=args.calibration_warmup, timeout=args.timeout)

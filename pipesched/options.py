@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +13,7 @@ from pipesched.simulator import costs as cost_files
 from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 
 from .errors import UsageError
+from .formatting import fmt_bytes, fmt_seconds  # noqa: F401  (re-exported for the commands)
 
 
 
@@ -172,20 +172,3 @@ def check_writable(path: str) -> None:
         raise UsageError(f"cannot write {path!r}: there is no folder {str(folder)!r}")
     if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UsageError(f"cannot write {path!r}: permission denied")
-
-
-def fmt_seconds(x: float) -> str:
-    """Seconds in the unit that reads best (unit-time costs print as plain seconds)."""
-    if x == 0 or abs(x) >= 1 or not math.isfinite(x):
-        return f"{x:.6g} s"
-    if abs(x) >= 1e-3:
-        return f"{x * 1e3:.4g} ms"
-    return f"{x * 1e6:.4g} us"
-
-
-def fmt_bytes(x: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(x) < 1024:
-            return f"{x:.0f} B" if unit == "B" else f"{x:.4g} {unit}"
-        x /= 1024
-    return f"{x:.4g} TiB"

@@ -1,40 +1,53 @@
 """One call from a schedule and a cost model to a Trace."""
 from __future__ import annotations
 
+import numpy as np
+
 from pipesched.schedules.graph import TaskGraph
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import gc_paused, validate
 
-from .costs import CostModel
+from .costs import CostError, CostModel
 from .des import run_des
 from .exact import longest_path
 from .timing import resolve, to_trace
 from .trace import Trace
 
+ENGINES = ("des", "exact")
+
 
 def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "des", **options) -> Trace:
-    """Predict the timeline of `schedule` under `costs`.
+    """Predict the timeline of `schedule` under `costs` (seconds, bytes).
 
     engine "des" runs the discrete-event simulation (simulator.des); "exact" computes
     the longest path (simulator.exact), which cannot share compute between ranks
     (`costs.host`). Both give the same Trace for the same inputs.
     options: noise_cv and rng (see simulator.timing.resolve).
+
+    The schedule is validated (ScheduleError) and the cost model checked (CostError)
+    first; CostError too when times or memory overflow to infinity (each cost may be
+    finite while their sums are not).
     """
+    if not isinstance(costs, CostModel):
+        raise CostError(f"costs must be a CostModel, got {type(costs).__name__}")
+    costs.check()
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
+    if engine == "exact" and costs.host is not None:
+        raise ValueError("the exact engine cannot model ranks sharing compute; use the DES")
     graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
-    with gc_paused():  # the DES allocates millions of acyclic objects; collections would rescan them
-        return _simulate(graph, costs, engine, **options)
+    with gc_paused(), np.errstate(over="ignore", invalid="ignore"):
+        # the DES allocates millions of acyclic objects; collections would rescan them
+        trace = _simulate(graph, costs, engine, **options)
+        finite = np.isfinite(trace.end).all() and all(np.isfinite(b).all() for _, b in trace.memory)
+    if not finite:
+        raise CostError("the costs are too large: predicted times or memory overflow to infinity")
+    return trace
 
 
 def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Trace:
     timing = resolve(graph, costs, **{k: v for k, v in options.items() if k in ("noise_cv", "rng")})
-    if engine == "exact":
-        if costs.host is not None:
-            raise ValueError("the exact engine cannot model ranks sharing compute; use the DES")
-        timeline = longest_path(graph, timing)
-    elif engine == "des":
-        timeline = run_des(graph, timing, costs.host)
-    else:
-        raise ValueError(f"unknown engine {engine!r}; engines are des, exact")
+    timeline = longest_path(graph, timing) if engine == "exact" else run_des(graph, timing, costs.host)
     meta = {"engine": engine}
     if costs.host is not None:
         meta["shared_compute"] = {"capacity": costs.host.capacity, "compute_demand": costs.host.compute_demand,

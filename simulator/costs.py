@@ -293,12 +293,19 @@ class CostModel:
         return a + b - self.overlap * min(a, b)
 
 
-def uniform(f: float = 1.0, b: float = 1.0, w: float = 1.0, **kwargs: Any) -> CostModel:
-    """Same T_F, T_B, T_W on every pipeline stage; other CostModel fields by keyword."""
+def uniform(f: float = 1.0, b: float = 1.0, w: float = 1.0, *, latency: float = 0.0,
+            bandwidth: float = math.inf, **kwargs: Any) -> CostModel:
+    """Same T_F, T_B, T_W (seconds) on every pipeline stage, transfers of latency +
+    bytes / bandwidth (seconds, bytes/s) between any two ranks; StageCost fields
+    (activation_bytes, activation_memory, ...) and other CostModel fields by keyword."""
     stage_keys = {f.name for f in fields(StageCost)}
     stage = StageCost(forward=f, backward_input=b, backward_weight=w,
                       **{k: v for k, v in kwargs.items() if k in stage_keys})
     rest = {k: v for k, v in kwargs.items() if k not in stage_keys}
+    if "network" not in rest:
+        rest["network"] = Network(Link(latency, bandwidth))
+    elif latency or bandwidth != math.inf:
+        raise CostError("give either network= or latency= and bandwidth=, not both")
     return CostModel(stages=(stage,), **rest).check()
 
 

@@ -73,14 +73,49 @@ def to_chrome_trace(trace: Trace) -> dict[str, Any]:
     times = [trace.start] + [t for t, _ in trace.memory if len(t)]
     earliest = min((float(np.min(t)) for t in times if len(t)), default=0.0)
     offset = -min(earliest, 0.0)
+    events, _ = _events(trace, offset, pid_base=0, label="", first_flow=1)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"schedule": trace.schedule, "ranks": trace.ranks,
+                          "microbatches": trace.microbatches, "source": trace.source,
+                          "time_unit": "us", "offset_s": offset,
+                          **{f"meta.{k}": v for k, v in trace.meta.items()
+                             if isinstance(v, (str, int, float, bool))}}}
+
+
+def to_chrome_traces(named: list[tuple[str, Trace]]) -> dict[str, Any]:
+    """Several traces in one document, e.g. predicted and measured runs of a schedule:
+    each starts at 0 at its first event (op or memory sample), and its ranks are processes named "NAME rank r",
+    one trace's ranks after the other's."""
+    events: list[dict[str, Any]] = []
+    pid_base, flow = 0, 1
+    for name, trace in named:
+        comp = trace.lane == COMPUTE
+        first = float(trace.start[comp].min()) if comp.any() else 0.0
+        earliest = min([first] + [float(t.min()) for t, _ in trace.memory if len(t)])
+        more, flow = _events(trace, -earliest, pid_base, f"{name} ", flow)
+        events += more
+        pid_base += trace.ranks
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"traces": [{"name": name, "schedule": t.schedule, "ranks": t.ranks,
+                                      "microbatches": t.microbatches, "source": t.source} for name, t in named],
+                          "time_unit": "us"}}
+
+
+def _events(trace: Trace, offset: float, pid_base: int, label: str, first_flow: int
+            ) -> tuple[list[dict[str, Any]], int]:
+    """The events of `trace` with `offset` seconds added to every time, its rank r as
+    process pid_base + r named "<label>rank r", and flow ids from `first_flow`; returns
+    them and the next free flow id."""
     tids, threads = _threads(trace)
     events: list[dict[str, Any]] = []
     for r in range(trace.ranks):
-        events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
+        pid = pid_base + r
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"{label}rank {r}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
         for tid, name in threads[r]:
-            events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid, "args": {"name": name}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": tid, "args": {"sort_index": tid}})
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                           "args": {"sort_index": tid}})
 
     for i in range(len(trace)):
         r, lane, op = int(trace.rank[i]), int(trace.lane[i]), OPS[trace.op[i]]
@@ -93,33 +128,32 @@ def to_chrome_trace(trace: Trace) -> dict[str, Any]:
         else:
             name, cat = f"{op}{mb}@{stage} {'->' if lane == SEND else '<-'} rank {peer}", TRANSFER_CAT
             args["peer"] = peer
-        events.append({"ph": "X", "name": name, "cat": cat, "pid": r, "tid": int(tids[i]),
+        events.append({"ph": "X", "name": name, "cat": cat, "pid": pid_base + r, "tid": int(tids[i]),
                        "ts": _us(float(trace.start[i]), offset),
                        "dur": round(float(trace.end[i] - trace.start[i]) * US, 3), "args": args})
 
     first = len(events) - len(trace)  # span i is events[first + i]
     flows = []
-    for flow_id, (s, f) in enumerate(zip(*trace.transfer_pairs()), start=1):
+    flow_id = first_flow
+    for s, f in zip(*trace.transfer_pairs()):
         for ev, ph in ((events[first + s], "s"), (events[first + f], "f")):
             flow = {"ph": ph, "name": "transfer", "cat": TRANSFER_CAT, "id": flow_id,
                     "pid": ev["pid"], "tid": ev["tid"], "ts": ev["ts"]}
             if ph == "f":
                 flow["bp"] = "e"  # bind to the recv slice that starts at ts, not the next one
             flows.append(flow)
+        flow_id += 1
     events.extend(flows)
 
     for r, (times_s, nbytes) in enumerate(trace.memory):
         for t, b in zip(times_s, nbytes):
-            events.append({"ph": "C", "name": "memory", "pid": r, "tid": 0, "ts": _us(float(t), offset),
+            events.append({"ph": "C", "name": "memory", "pid": pid_base + r, "tid": 0, "ts": _us(float(t), offset),
                            "args": {"bytes": float(b)}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"schedule": trace.schedule, "ranks": trace.ranks,
-                          "microbatches": trace.microbatches, "source": trace.source,
-                          "time_unit": "us", "offset_s": offset,
-                          **{f"meta.{k}": v for k, v in trace.meta.items()
-                             if isinstance(v, (str, int, float, bool))}}}
+    return events, flow_id
 
 
-def save_chrome_trace(trace: Trace, path: str | Path) -> None:
-    """Write `trace` as trace-event JSON (open it in ui.perfetto.dev or chrome://tracing)."""
-    Path(path).write_text(json.dumps(to_chrome_trace(trace), separators=(",", ":")) + "\n")
+def save_chrome_trace(trace: Trace | list[tuple[str, Trace]], path: str | Path) -> None:
+    """Write `trace` (or several named traces, see `to_chrome_traces`) as trace-event JSON
+    (open it in ui.perfetto.dev or chrome://tracing)."""
+    doc = to_chrome_traces(trace) if isinstance(trace, list) else to_chrome_trace(trace)
+    Path(path).write_text(json.dumps(doc, separators=(",", ":")) + "\n")

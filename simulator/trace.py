@@ -105,6 +105,21 @@ class Trace:
                      self.end + offset, self.peer, self.overlapped,
                      [(t + offset, b) for t, b in self.memory], dict(self.meta))
 
+    def within(self, lo: float, hi: float) -> "Trace":
+        """The spans that overlap [lo, hi] seconds (whole, not cut) and the memory samples
+        inside it, led by each rank's level at lo."""
+        keep = (self.end >= lo) & (self.start <= hi)
+        memory = []
+        for t, b in self.memory:
+            inside = (t > lo) & (t <= hi)
+            before = np.flatnonzero(t <= lo)
+            lead = before[-1:] if len(before) else np.zeros(0, int)
+            memory.append((np.concatenate((np.full(len(lead), lo), t[inside])),
+                           np.concatenate((b[lead], b[inside]))))
+        return Trace(self.schedule, self.ranks, self.microbatches, self.source, self.rank[keep],
+                     self.lane[keep], self.op[keep], self.mb[keep], self.stage[keep], self.start[keep],
+                     self.end[keep], self.peer[keep], self.overlapped[keep], memory, dict(self.meta))
+
     def transfer_pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """Indices (sends, recvs) of the spans of each transfer: a send and its receive share
         the producing op's key and the (sender, receiver) pair; repeats pair up in time order."""

@@ -125,3 +125,25 @@ def test_progress_bar_follows_stderr_as_it_is_when_the_sweep_starts(monkeypatch)
     bar(1, "x")
     bar.close()
     assert bar.stream is terminal and terminal.getvalue().startswith("\rsweep [")
+
+
+def test_plot_vs_with_perfetto_writes_both_runs(tmp_path):
+    a, b, pf = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "both.json"
+    assert main(["simulate", "zb-h1", "-p", "4", "-m", "8", *COSTS, "--trace", str(a)]) == 0
+    assert main(["simulate", "zb-h1", "-p", "4", "-m", "8", *COSTS, "--f", "1.2", "--trace", str(b)]) == 0
+    assert main(["plot", str(a), "--vs", str(b), "--perfetto", str(pf)]) == 0
+    events = json.loads(pf.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {f"{run} (simulated) rank {r}" for run in ("a", "b") for r in range(4)}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == 2 * len([e for e in spans if e["pid"] < 4])
+
+
+def test_figure_flags_shape_the_figure_and_need_one(tmp_path, capsys):
+    out = tmp_path / "w.png"
+    assert main(["simulate", "1f1b", "-p", "8", "-m", "8", "--plot", str(out), "--window", "2,6",
+                 "--figsize", "10,5"]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    fails(capsys, ["simulate", "1f1b", "-p", "2", "-m", "2", "--window", "1,2"], "add --plot")
+    fails(capsys, ["simulate", "1f1b", "-p", "2", "-m", "2", "--plot", str(out), "--figsize", "10"], "W,H")
+    fails(capsys, ["simulate", "1f1b", "-p", "2", "-m", "2", "--plot", str(out), "--window", "3,1"], "START < END")

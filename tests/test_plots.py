@@ -6,7 +6,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 
-from pipesched.errors import UsageError
+from pipesched.plots import FigureError
 from pipesched.plots.compare import plot_compare
 from pipesched.plots.sweep import SweepPoint, pareto_front, plot_sweep
 from pipesched.plots.timeline import plot_timeline
@@ -116,7 +116,7 @@ def test_figures_are_written_as_png_and_svg_and_other_names_are_refused(tmp_path
     plot_timeline(trace, tmp_path / "t.svg")
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
     assert "<svg" in (tmp_path / "t.svg").read_text()[:1000]
-    with pytest.raises(UsageError, match="png"):
+    with pytest.raises(FigureError, match="png"):
         plot_timeline(trace, tmp_path / "t.bmp")
 
 
@@ -177,3 +177,63 @@ def test_sweep_without_memory_shows_makespans_instead_of_a_pareto_front():
     fig = plot_sweep(points)
     assert len([p for p in fig.axes[2].patches if p.get_gid() == "makespan"]) == 2
     assert "makespan at m=8" in fig._suptitle.get_text()
+
+
+def _tick_label_boxes(fig):
+    fig.canvas = FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True) if t.get_text()]
+    return [t.get_window_extent(renderer) for t in labels]
+
+
+@pytest.mark.parametrize("p", [2, 8, 16])
+def test_row_labels_never_overlap(p):
+    fig = plot_timeline(trace_of("zb-v", p, 2 * p), memory=False)
+    boxes = sorted(_tick_label_boxes(fig), key=lambda b: b.y0)
+    assert len(boxes) >= p
+    for lower, upper in zip(boxes, boxes[1:]):
+        assert lower.y1 <= upper.y0 + 0.5 or lower.x1 <= upper.x0 or upper.x1 <= lower.x0, (lower, upper)
+
+
+def test_lane_labels_appear_when_the_figure_is_tall_enough():
+    fig = plot_timeline(trace_of("1f1b", 2, 4), memory=False, figsize=(12, 12))
+    assert {t.get_text() for t in fig.axes[0].get_yticklabels(minor=True)} == {"send", "recv"}
+    assert tuple(fig.get_size_inches()) == (12, 12)
+
+
+def test_a_window_draws_only_the_spans_inside_it_and_labels_its_real_times():
+    trace = trace_of("zb-v", 4, 8)
+    fig = plot_timeline(trace, window=(10.0, 14.0))
+    found = artists(fig)
+    inside = (trace.lane == COMPUTE) & (trace.end >= 10.0) & (trace.start <= 14.0) & ~trace.overlapped
+    assert sum(drawn(found[f"compute:{op}"]) for op in OPS if f"compute:{op}" in found) == int(inside.sum())
+    ax = fig.axes[0]
+    assert ax.get_xlim() == (0, 4.0)
+    assert ax.xaxis.get_major_formatter()(0, 0) == "10"
+
+
+@pytest.mark.parametrize("window,message", [((5.0, 5.0), "START < END"), ((-1.0, 2.0), "START < END"),
+                                            ((1e6, 2e6), "no op runs")])
+def test_a_bad_window_is_refused(window, message):
+    with pytest.raises(FigureError, match=message):
+        plot_timeline(trace_of("1f1b", 2, 4), window=window)
+
+
+@pytest.mark.parametrize("figsize,message", [((2.0, 5.0), "wide"), ((12.0, 2.0), "high")])
+def test_a_figure_too_small_for_its_rows_is_refused(figsize, message):
+    with pytest.raises(FigureError, match=message):
+        plot_timeline(trace_of("1f1b", 8, 8), figsize=figsize)
+
+
+def test_a_trace_with_too_many_ranks_is_refused_before_drawing():
+    from pipesched.plots.timeline import MAX_RANKS_DRAWN
+    trace = trace_of("1f1b", 2, 4)
+    with pytest.raises(FigureError, match="perfetto"):
+        plot_timeline(dataclasses.replace(trace, ranks=MAX_RANKS_DRAWN + 1))
+
+
+def test_a_compare_figure_takes_a_window_and_a_size():
+    fig = plot_compare(trace_of("zb-h1", 4, 8), trace_of("zb-h1", 4, 8, uniform(1.1, 1, 1)), window=(2.0, 6.0),
+                       figsize=(9, 6))
+    assert tuple(fig.get_size_inches()) == (9, 6) and fig.axes[0].get_xlim() == (0, 4.0)

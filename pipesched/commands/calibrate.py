@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
-from pipesched.simulator.costs import CostModel, to_dict
+from pipesched.simulator.costs import to_dict
 
-from ..errors import UsageError
-from ..executor_args import add_executor_args, check_writable, import_executor, model_from_args, prepare_checked
-from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
+from ..executor_args import (add_calibration_args, add_executor_args, calibration_options, check_writable,
+                             import_executor, model_from_args, prepare_checked)
+from ..options import add_schedule_args, schedule_from_args
+from ..tables import print_costs
 
 
 def add_parser(sub) -> None:
@@ -27,22 +27,6 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", metavar="COSTS.json", required=True, help="write the cost file here")
     p.add_argument("--json", action="store_true", help="print the cost file instead of a table")
     p.set_defaults(handler=run)
-
-
-def add_calibration_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("calibration")
-    g.add_argument("--repeats", type=int, default=15, help="measured repetitions per op and message size (default 15)")
-    g.add_argument("--calibration-warmup", type=int, default=3, metavar="N",
-                   help="unmeasured repetitions first (default 3)")
-
-
-def calibration_options(args: argparse.Namespace):
-    from pipesched.executor.calibrate import CalibrationOptions
-
-    if args.repeats < 1 or args.calibration_warmup < 0:
-        raise UsageError(f"need --repeats >= 1 and --calibration-warmup >= 0, "
-                         f"got {args.repeats} and {args.calibration_warmup}")
-    return CalibrationOptions(repeats=args.repeats, warmup=args.calibration_warmup, timeout=args.timeout)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,32 +55,3 @@ def run(args: argparse.Namespace) -> int:
         print_costs(costs)
         print(f"wrote {args.output}")
     return 0
-
-
-def print_costs(costs: CostModel) -> None:
-    """A table of calibrated costs: per model stage, the links, shared compute."""
-    print(f"{'stage':>5}  {'T_F':>9}  {'T_B':>9}  {'T_W':>9}  {'T_BW':>9}  {'sends':>10}  {'saved per F':>11}  "
-          f"{'kept B->W':>10}  {'parameters':>10}")
-    for k, s in enumerate(costs.model_stages or costs.stages):
-        print(f"{k:>5}  {fmt_seconds(s.forward):>9}  {fmt_seconds(s.backward_input):>9}  "
-              f"{fmt_seconds(s.backward_weight):>9}  {fmt_seconds(s.op_time('BW')):>9}  "
-              f"{fmt_bytes(s.activation_bytes):>10}  {fmt_bytes(s.activation_memory):>11}  "
-              f"{fmt_bytes(s.weight_memory):>10}  {fmt_bytes(s.param_bytes):>10}")
-    net = costs.network
-    for name, link in (("link", net.intra), ("inter-node link", net.inter)):
-        if link is not None:
-            bw = "unlimited" if math.isinf(link.bandwidth) else f"{link.bandwidth / 1e9:.3g} GB/s"
-            print(f"{name}: latency {fmt_seconds(link.latency)}, bandwidth {bw}")
-    o = costs.host_overhead
-    if o.any:
-        print(f"runtime host time: {fmt_seconds(o.per_op)} per op, {fmt_seconds(o.per_send)} to post a send "
-              f"(its data leaves after {fmt_seconds(o.send_leaves)}), {fmt_seconds(o.per_recv)} to post a receive, "
-              f"{fmt_seconds(o.per_take)} to take one")
-    if costs.host is not None and costs.host.gpu:
-        print(f"one host: {costs.host.capacity:g} GPUs time-sliced between the ranks' ops; host time per rank")
-    elif costs.host is not None:
-        h = costs.host
-        shared = f"; ranks pinned round-robin, {100 * h.switching:.1f} % below a fair share of a shared core" \
-            if h.pinned else ""
-        print(f"one host: {h.capacity:g} cores, {h.compute_demand:g} threads per rank; compute "
-              f"{100 * h.interference:.1f} % slower with every core busy{shared}")

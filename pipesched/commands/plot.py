@@ -1,5 +1,5 @@
 """`pipesched plot`: the timeline figure of a saved Trace, or two traces compared
-(--vs), and/or its Perfetto / Chrome trace (--perfetto)."""
+(--vs), and/or their Perfetto / Chrome trace (--perfetto)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,7 @@ from pathlib import Path
 from pipesched.simulator.trace import Trace
 
 from ..errors import UsageError
+from ..figure_options import add_figure_args, check_figure_args, figure_options, write_perfetto
 from ..options import check_writable
 
 
@@ -18,26 +19,16 @@ def add_parser(sub) -> None:
                    help="draw TRACE against this trace of the same schedule; errors are the measured "
                         "one's relative to the other (if neither is measured: TRACE's relative to OTHER)")
     p.add_argument("-o", "--output", metavar="OUT.png|svg", help="write the figure here")
-    p.add_argument("--perfetto", metavar="OUT.json", help="write TRACE as a Perfetto / Chrome trace")
-    p.add_argument("--no-memory", action="store_true", help="leave out the memory panel")
-    p.add_argument("--title", help="replace the figure's title")
+    p.add_argument("--perfetto", metavar="OUT.json",
+                   help="write TRACE (and the --vs trace) as a Perfetto / Chrome trace")
+    add_figure_args(p)
     p.set_defaults(handler=run)
-
-
-def write_perfetto(trace: Trace, path: str) -> None:
-    """Write `trace` as a Perfetto / Chrome trace; UsageError if the file cannot be written."""
-    from pipesched.simulator.perfetto import save_chrome_trace
-    try:
-        save_chrome_trace(trace, path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.output and not args.perfetto:
         raise UsageError("plot needs -o OUT.png|svg or --perfetto OUT.json")
-    if args.perfetto and args.vs:
-        raise UsageError("--perfetto writes one trace; leave out --vs")
+    check_figure_args(args, args.output, "-o")
     for path in (args.output, args.perfetto):
         if path:
             check_writable(path)
@@ -45,20 +36,22 @@ def run(args: argparse.Namespace) -> int:
         from ..plots.style import check_output
         check_output(args.output)
     trace = Trace.load(args.trace)
+    other = Trace.load(args.vs) if args.vs else None
+    mine = (trace, Path(args.trace).stem)
+    theirs = (other, Path(args.vs).stem) if other is not None else None
     if args.perfetto:
-        write_perfetto(trace, args.perfetto)
+        write_perfetto(trace if theirs is None else [(f"{mine[1]} ({trace.source})", trace),
+                                                     (f"{theirs[1]} ({other.source})", other)], args.perfetto)
     if not args.output:
         return 0
-    if args.vs is None:
+    if theirs is None:
         from ..plots.timeline import plot_timeline
-        plot_timeline(trace, args.output, memory=not args.no_memory, title=args.title)
+        plot_timeline(trace, args.output, **figure_options(args))
         return 0
     from ..plots.compare import plot_compare
-    other = Trace.load(args.vs)
-    mine, theirs = (trace, Path(args.trace).stem), (other, Path(args.vs).stem)
     # the prediction is the reference: the one not measured, else the --vs trace
     swap = other.source == "measured" and trace.source != "measured"
     (measured, m_name), (reference, r_name) = (theirs, mine) if swap else (mine, theirs)
     names = (reference.source, measured.source) if reference.source != measured.source else (r_name, m_name)
-    plot_compare(reference, measured, args.output, names=names, memory=not args.no_memory, title=args.title)
+    plot_compare(reference, measured, args.output, names=names, **figure_options(args))
     return 0

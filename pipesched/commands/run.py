@@ -13,7 +13,8 @@ import sys
 
 from ..executor_args import (add_executor_args, add_measurement_args, import_executor, model_from_args,
                              prepare_checked, run_options)
-from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
+from ..formatting import fmt_bytes, fmt_seconds
+from ..options import add_schedule_args, schedule_from_args
 
 
 def add_parser(sub) -> None:

@@ -7,17 +7,15 @@ import math
 
 import numpy as np
 
-from pipesched.schedules.graph import TaskGraph
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostModel
 from pipesched.simulator.metrics import Metrics, compute_metrics
 from pipesched.simulator.stochastic import makespan_stats
-from pipesched.simulator.trace import Trace
 
 from ..errors import UsageError
-from ..options import (add_cost_args, add_schedule_args, check_writable, costs_from_args, fmt_bytes, fmt_seconds,
-                       schedule_from_args)
+from ..figure_options import add_figure_args, check_figure_args, figure_options, write_perfetto
+from ..formatting import fmt_bytes, fmt_seconds
+from ..options import add_cost_args, add_schedule_args, check_writable, costs_from_args, schedule_from_args
 
 
 def add_parser(sub) -> None:
@@ -33,6 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--trace", metavar="OUT.json", help="write the predicted Trace")
     p.add_argument("--plot", metavar="OUT.png|svg", help="draw the predicted timeline (with memory)")
     p.add_argument("--perfetto", metavar="OUT.json", help="write the timeline for ui.perfetto.dev / chrome://tracing")
+    add_figure_args(p)
     p.set_defaults(handler=run)
 
 
@@ -58,17 +57,6 @@ def print_table(m: Metrics, engine: str, model_stages: int) -> None:
           f"{fmt_seconds(m.makespan)}; starts with {m.critical_path[0]}, ends with {m.critical_path[-1]}")
 
 
-def predict(graph: TaskGraph, costs: CostModel, engine: str) -> Trace:
-    """The simulated Trace; UsageError when costs so large that times or memory overflow
-    to infinity (each value may be finite while their sums are not)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        trace = simulate(graph, costs, engine=engine)
-        finite = np.isfinite(trace.end).all() and all(np.isfinite(b).all() for _, b in trace.memory)
-    if not finite:
-        raise UsageError("the costs are too large: predicted times or memory overflow to infinity")
-    return trace
-
-
 def run(args: argparse.Namespace) -> int:
     if args.runs is not None and args.runs < 1:
         raise UsageError(f"--runs must be >= 1, got {args.runs}")
@@ -76,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--cv must be a finite number >= 0, got {args.cv}")
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    check_figure_args(args, args.plot, "--plot")
     for path in (args.trace, args.plot, args.perfetto):
         if path:
             check_writable(path)
@@ -87,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (the default)")
     schedule = schedule_from_args(args, costs)
     graph = validate(schedule)
-    trace = predict(graph, costs, args.engine)
+    trace = simulate(graph, costs, engine=args.engine)
     metrics = compute_metrics(trace, graph)
     stats = None
     if args.runs:
@@ -104,11 +93,10 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"cannot write {args.trace!r}: {exc.strerror or exc}") from None
     if args.perfetto:
-        from .plot import write_perfetto
         write_perfetto(trace, args.perfetto)
     if args.plot:
         from ..plots.timeline import plot_timeline
-        plot_timeline(trace, args.plot)
+        plot_timeline(trace, args.plot, **figure_options(args))
     if args.json:
         out = summary(metrics)
         out["model_stages"] = schedule.num_model_stages

@@ -12,12 +12,13 @@ from typing import Callable, TextIO
 from pipesched.schedules.ir import ScheduleError
 from pipesched.schedules.registry import BUILDERS
 from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.metrics import compute_metrics
 
 from ..errors import UsageError
-from ..options import add_cost_args, check_writable, costs_from_args, fmt_bytes, fmt_seconds, load_schedule
-from .simulate import predict
+from ..formatting import fmt_bytes, fmt_seconds
+from ..options import add_cost_args, check_writable, costs_from_args, load_schedule
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
 
@@ -108,7 +109,7 @@ def sweep(schedules: list[str], ranks: int, microbatches: list[int], costs: Cost
         except ScheduleError as exc:
             points.append(SweepPoint(name, ranks, m, error=str(exc)))
             continue
-        met = compute_metrics(predict(graph, costs, engine))
+        met = compute_metrics(simulate(graph, costs, engine=engine))
         points.append(SweepPoint(name, ranks, m, met.makespan, met.bubble_ratio,
                                  max(r.peak_memory_bytes for r in met.per_rank), met.comm_hidden_fraction))
     if progress:

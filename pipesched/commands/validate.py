@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
-from ..executor_args import (add_executor_args, add_measurement_args, import_executor, model_from_args,
-                             prepare_checked, run_options)
-from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
-from .calibrate import add_calibration_args, calibration_options, print_costs
+from ..executor_args import (add_calibration_args, add_executor_args, add_measurement_args, calibration_options,
+                             import_executor, model_from_args, prepare_checked, run_options)
+from ..formatting import fmt_bytes, fmt_seconds
+from ..options import add_schedule_args, schedule_from_args
+from ..tables import print_costs
 
 
 def add_parser(sub) -> None:

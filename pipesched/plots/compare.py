@@ -13,21 +13,24 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from pipesched.simulator.compare import Comparison, RankComparison, compare
-from pipesched.simulator.trace import COMPUTE, Trace, TraceError
+from pipesched.simulator.trace import Trace, TraceError
 
-from ..options import fmt_seconds
+from ..formatting import fmt_seconds
 from .legend import legend_handles
 from .memory import draw_memory, has_memory
 from .rows import RowLayout, draw_trace
 from .style import save
-from .timeline import annotate_rows, figure_rows, finish
+from .timeline import annotate_rows, drawable, figure_rows, finish
 
 
 def plot_compare(predicted: Trace, measured: Trace, path: str | Path | None = None, *,
                  names: tuple[str, str] = ("predicted", "measured"), memory: bool = True,
-                 title: str | None = None, width: float = 12.0) -> Figure:
-    """`measured` against `predicted`, rank by rank on one time axis; written to `path`
-    (.png, .svg or .pdf) if given. Memory: solid measured, dashed predicted."""
+                 title: str | None = None, window: tuple[float, float] | None = None,
+                 figsize: tuple[float, float] | None = None) -> Figure:
+    """`measured` against `predicted`, rank by rank on one time axis, each from its first
+    op; written to `path` (.png, .svg or .pdf) if given. Memory: solid measured, dashed
+    predicted. `window`: (start, end) seconds from the first op, the part to draw;
+    `figsize`: (width, height) inches. Title and errors describe the whole traces."""
     try:
         c = compare(predicted, measured)
     except ValueError as exc:  # different shapes, no common ops: bad input, one line from the CLI
@@ -36,17 +39,19 @@ def plot_compare(predicted: Trace, measured: Trace, path: str | Path | None = No
     # with few ranks each row is also named (left of "rank r"): room for the longer name
     pad = 0.6 * 5.5 * max(map(len, names)) + 6 if p <= 8 else 2.0  # points
     heading = title or title_of(c, predicted, measured, names)
-    fig, ax, mem_ax = figure_rows(p, rows_per_rank=2, memory=memory, width=width, left=0.75 + pad / 72,
+    parts = [drawable(tr, window) for tr in (predicted, measured)]
+    fig, ax, mem_ax = figure_rows(p, rows_per_rank=2, memory=memory, figsize=figsize, left=0.75 + pad / 72,
                                   title_lines=heading.count("\n") + 1)
-    starts = [float(tr.start[tr.lane == COMPUTE].min()) for tr in (predicted, measured)]
-    ends = [float(tr.end.max()) - t0 for tr, t0 in zip((predicted, measured), starts)]
-    ax.set_xlim(0, max(ends) * 1.005)
+    starts = [t0 for _, t0, _ in parts]
+    if window is None:
+        ax.set_xlim(0, max(float(part.end.max()) - t0 for part, t0, _ in parts) * 1.005)
+    else:
+        ax.set_xlim(0, window[1] - window[0])
     ax.set_ylim(p, 0)
     bar = 0.4
     layouts = [RowLayout(np.arange(p) + 0.05 + k * (bar + 0.04), bar=bar, lane=0.0) for k in range(2)]
-    for tr, t0, layout in zip((predicted, measured), starts, layouts):
-        comp = tr.lane == COMPUTE
-        draw_trace(ax, tr, layout, t0, window=(t0, float(tr.end[comp].max())))
+    for (part, t0, t1), layout in zip(parts, layouts):
+        draw_trace(ax, part, layout, t0, window=(t0, t1))
     ax.set_yticks(np.arange(p) + 0.5, [f"rank {r}" for r in range(p)], fontsize=8 if p <= 8 else 6.5)
     if p <= 8:
         ax.set_yticks(np.concatenate([lay.top + bar / 2 for lay in layouts]), [names[0]] * p + [names[1]] * p,
@@ -56,12 +61,13 @@ def plot_compare(predicted: Trace, measured: Trace, path: str | Path | None = No
     mid = RowLayout(np.arange(p) + 0.05, bar=2 * bar + 0.04, lane=0.0)
     annotate_rows(ax, mid, [rank_note(r) for r in c.per_rank], 6.5 if p <= 8 else 5)
     if mem_ax is not None:
-        draw_memory(mem_ax, [(measured, starts[1], "-"), (predicted, starts[0], "--")], p)
+        draw_memory(mem_ax, [(parts[1][0], starts[1], "-"), (parts[0][0], starts[0], "--")], p)
         drawn = [name for name, tr in zip(names, (predicted, measured)) if has_memory(tr)]
         mem_ax.set_title(f"solid: {names[1]}, dashed: {names[0]}" if len(drawn) == 2 else
                          f"memory: {drawn[0]} only" if drawn else "", loc="left", fontsize=7, color="0.35", pad=2)
     finish(fig, ax, mem_ax, heading, legend_handles([predicted, measured], lanes=False),
-           max(c.predicted.makespan, c.measured.makespan))
+           max(c.predicted.makespan, c.measured.makespan) if window is None else window[1] - window[0],
+           window[0] if window is not None else 0.0)
     if path is not None:
         save(fig, path)
     return fig

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from pipesched.simulator.metrics import compute_metrics
 from pipesched.simulator.trace import COMPUTE, Trace, TraceError
 
-from ..options import fmt_bytes, fmt_seconds
+from ..formatting import fmt_bytes, fmt_seconds
 from .legend import HANDLER_MAP, legend_handles
 from .rows import draw_trace, layout_for
 from .style import save, time_axis

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.colors as mcolors
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+import matplotlib
 
-from ..errors import UsageError
+matplotlib.use("Agg")  # before anything imports pyplot: there is no display here
+import matplotlib.colors as mcolors  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from . import FigureError  # noqa: E402
 
 FORMATS = (".png", ".svg", ".pdf")
 DPI = 150
@@ -50,10 +53,11 @@ def time_unit(span_s: float) -> tuple[float, str]:
     return 1e6, "us"
 
 
-def time_axis(ax: Axes, span_s: float) -> None:
-    """Tick labels and title of a seconds x axis in the unit that suits `span_s` seconds."""
+def time_axis(ax: Axes, span_s: float, origin_s: float = 0.0) -> None:
+    """Tick labels and title of a seconds x axis in the unit that suits `span_s` seconds;
+    x = 0 is labelled `origin_s` (a drawn window's start)."""
     scale, unit = time_unit(span_s)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * scale:g}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{(v + origin_s) * scale:.6g}"))
     ax.set_xlabel(f"time ({unit})")
 
 
@@ -75,16 +79,16 @@ def bytes_unit(peak: float) -> tuple[float, str]:
 
 
 def check_output(path: str | Path) -> Path:
-    """The figure path, or UsageError when its extension is not one we write."""
+    """The figure path, or FigureError when its extension is not one we write."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
-        raise UsageError(f"cannot write a figure to {str(path)!r}: the name must end in "
+        raise FigureError(f"cannot write a figure to {str(path)!r}: the name must end in "
                          f"{', '.join(FORMATS)}")
     return path
 
 
 def save(fig: Figure, path: str | Path) -> Path:
-    """Write `fig` as PNG, SVG or PDF (by extension); UsageError if that is impossible."""
+    """Write `fig` as PNG, SVG or PDF (by extension); FigureError if that is impossible."""
     path = check_output(path)
     suffix = path.suffix.lower()
     try:
@@ -94,7 +98,7 @@ def save(fig: Figure, path: str | Path) -> Path:
             # no dates or versions in the file, so regenerated figures only change when the picture does
             fig.savefig(path, dpi=DPI, metadata=_NO_STAMP[suffix])
     except OSError as exc:
-        raise UsageError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+        raise FigureError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     return path
 
 

@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from ..options import fmt_seconds
+from ..formatting import fmt_seconds
 from .style import bytes_unit, save, time_unit
 
 MARKERS = "osD^vP*Xh<>"

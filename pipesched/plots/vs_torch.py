@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from .style import save  # sets the Agg backend before pyplot is imported
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .style import save  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402,I001
 
 COST_COLORS = ("#3b75af", "#ef8636", "#519e3e")
 

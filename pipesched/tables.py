@@ -1,0 +1,37 @@
+"""Tables that several commands print."""
+from __future__ import annotations
+
+import math
+
+from pipesched.simulator.costs import CostModel
+
+from .formatting import fmt_bytes, fmt_seconds
+
+
+def print_costs(costs: CostModel) -> None:
+    """A table of calibrated costs: per model stage, the links, shared compute."""
+    print(f"{'stage':>5}  {'T_F':>9}  {'T_B':>9}  {'T_W':>9}  {'T_BW':>9}  {'sends':>10}  {'saved per F':>11}  "
+          f"{'kept B->W':>10}  {'parameters':>10}")
+    for k, s in enumerate(costs.model_stages or costs.stages):
+        print(f"{k:>5}  {fmt_seconds(s.forward):>9}  {fmt_seconds(s.backward_input):>9}  "
+              f"{fmt_seconds(s.backward_weight):>9}  {fmt_seconds(s.op_time('BW')):>9}  "
+              f"{fmt_bytes(s.activation_bytes):>10}  {fmt_bytes(s.activation_memory):>11}  "
+              f"{fmt_bytes(s.weight_memory):>10}  {fmt_bytes(s.param_bytes):>10}")
+    net = costs.network
+    for name, link in (("link", net.intra), ("inter-node link", net.inter)):
+        if link is not None:
+            bw = "unlimited" if math.isinf(link.bandwidth) else f"{link.bandwidth / 1e9:.3g} GB/s"
+            print(f"{name}: latency {fmt_seconds(link.latency)}, bandwidth {bw}")
+    o = costs.host_overhead
+    if o.any:
+        print(f"runtime host time: {fmt_seconds(o.per_op)} per op, {fmt_seconds(o.per_send)} to post a send "
+              f"(its data leaves after {fmt_seconds(o.send_leaves)}), {fmt_seconds(o.per_recv)} to post a receive, "
+              f"{fmt_seconds(o.per_take)} to take one")
+    if costs.host is not None and costs.host.gpu:
+        print(f"one host: {costs.host.capacity:g} GPUs time-sliced between the ranks' ops; host time per rank")
+    elif costs.host is not None:
+        h = costs.host
+        shared = f"; ranks pinned round-robin, {100 * h.switching:.1f} % below a fair share of a shared core" \
+            if h.pinned else ""
+        print(f"one host: {h.capacity:g} cores, {h.compute_demand:g} threads per rank; compute "
+              f"{100 * h.interference:.1f} % slower with every core busy{shared}")
