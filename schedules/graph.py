@@ -15,12 +15,15 @@ units that `schedules.validate` proves exists.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import networkx as nx
 import numpy as np
 
 from .ir import B, BW, F, OPS, W, Overlap, Schedule, Task, unit_tasks
+
+if TYPE_CHECKING:
+    from .timeline import Waves
 
 LOCAL, ACTIVATION, GRADIENT = 0, 1, 2
 EDGE_KINDS = ("local", "activation", "gradient")
@@ -50,6 +53,7 @@ class TaskGraph:
     task_outputs: list[list[int]]  # edge ids out of each task
     topo_units: list[int]          # filled by validation; empty until then
     _columns: dict | None = field(default=None, repr=False)
+    waves: Waves | None = field(default=None, repr=False)  # see schedules.timeline.graph_waves
 
     def columns(self) -> dict[str, np.ndarray]:
         """Per-task and per-edge numpy columns, for vectorised consumers (computed once).
@@ -78,11 +82,6 @@ class TaskGraph:
     def edge_ranks(self, edge_id: int) -> tuple[int, int]:
         e = self.edges[edge_id]
         return self.unit_rank[self.task_unit[e.src]], self.unit_rank[self.task_unit[e.dst]]
-
-
-def backward_op(index: dict[Task, int], mb: int, stage: int) -> str:
-    """Which backward the program uses for (mb, stage): split B (+W) or fused BW."""
-    return B if (B, mb, stage) in index else BW
 
 
 def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:

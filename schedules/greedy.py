@@ -19,14 +19,23 @@ from typing import Callable
 
 from .graph import derive_edges
 from .ir import B, BW, F, W, Schedule, ScheduleError, Task, VirtualStage
-
-# (op, model_stage, num_model_stages) -> seconds; the default charges every op of a
-# pipeline stage 1, split evenly over its chunks
-OpTime = Callable[[str, int, int], float]
+from .timeline import OpTime, fastest  # noqa: F401  (fastest: builders pick among candidates with it)
 
 
 def unit_times(ranks: int) -> OpTime:
+    """The default op durations: every op of a pipeline stage 1 (BW 2), split evenly over its chunks."""
     return lambda op, model_stage, num_model_stages: (2.0 if op == BW else 1.0) * ranks / num_model_stages
+
+
+def equal_durations(op_time: OpTime, ops: tuple[str, ...], num_model_stages: int) -> bool:
+    """True when every op in `ops` of every model stage takes the same time under `op_time`.
+
+    Then a candidate's makespan is that time added up along its longest chain of ops, and
+    each partial sum is computed the same way (previous end + the time), so makespans
+    compare as the chains' lengths do, rounding included: an order at the lower bound on
+    chain length is the fastest candidate, exactly as a search would find it."""
+    first = op_time(ops[0], 0, num_model_stages)
+    return all(op_time(op, k, num_model_stages) == first for op in ops for k in range(num_model_stages))
 
 
 PREFERENCES = ("alternate", "backward", "forward")
@@ -180,10 +189,3 @@ def play(name: str, ranks: int, microbatches: int, stages: list[VirtualStage], p
                             f"({limit[stuck[0]]:g} microbatches); raise the limit")
     skeleton.programs = programs  # type: ignore[assignment]
     return skeleton
-
-
-def fastest(candidates: list[Schedule], op_time: OpTime) -> Schedule:
-    """The candidate with the shortest makespan under `op_time` (ties: the first)."""
-    from pipesched.simulator.exact import makespan_under  # the one exact-timing core
-
-    return min(candidates, key=lambda s: makespan_under(s, op_time))

@@ -12,9 +12,11 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import networkx as nx
+import numpy as np
 
 from .graph import TaskGraph, build_graph, unit_label
 from .ir import B, BW, F, OPS, W, Overlap, Schedule, ScheduleError, unit_tasks
+from .timeline import graph_waves
 
 
 def _is_count(value: object) -> bool:
@@ -106,32 +108,21 @@ def _check_programs(s: Schedule) -> None:
 
 
 def topological_units(graph: TaskGraph) -> tuple[list[int], list[tuple[int, int]]]:
-    """Kahn's algorithm over units: (order, residual). The residual unit edges are empty
-    unless some units can never start, which is a deadlock."""
-    n = len(graph.units)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    indeg = [0] * n
-    for ids in graph.rank_units:
-        for a, b in zip(ids, ids[1:]):
-            succ[a].append(b)
-            indeg[b] += 1
-    for e in graph.edges:
-        a, b = graph.task_unit[e.src], graph.task_unit[e.dst]
-        succ[a].append(b)
-        indeg[b] += 1
-    ready = [u for u in range(n) if indeg[u] == 0]
-    order: list[int] = []
-    while ready:
-        u = ready.pop()
-        order.append(u)
-        for v in succ[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    if len(order) == n:
+    """(order, residual): a topological order of the units (wave by wave, see
+    `schedules.timeline`) and the unit edges among the units left out, which are empty
+    unless some units can never start: a deadlock."""
+    waves = graph_waves(graph)
+    order = waves.order.tolist()
+    if waves.complete:
         return order, []
-    done = set(order)
-    return order, [(u, v) for u in range(n) if u not in done for v in succ[u] if v not in done]
+    left = np.ones(len(graph.units), dtype=bool)
+    left[waves.order] = False
+    prev = waves.prev
+    col = graph.columns()
+    a = np.concatenate((prev[prev >= 0], col["unit"][col["edge_src"]]))
+    b = np.concatenate((np.flatnonzero(prev >= 0), col["unit"][col["edge_dst"]]))
+    keep = left[a] & left[b]
+    return order, list(zip(a[keep].tolist(), b[keep].tolist()))
 
 
 def describe_cycle(graph: TaskGraph, residual: list[tuple[int, int]], limit: int = 16) -> str:
