@@ -57,7 +57,8 @@ class TaskGraph:
 
     def columns(self) -> dict[str, np.ndarray]:
         """Per-task and per-edge numpy columns, for vectorised consumers (computed once).
-        Tasks: op (index into OPS), mb, stage, unit, rank, paired; edges: src, dst, kind."""
+        Tasks: op (index into OPS), mb, stage, unit, rank, paired; edges: src, dst, kind,
+        boundary. Task ids run unit by unit, so a unit's tasks are consecutive."""
         if self._columns is None:
             op_index = {op: i for i, op in enumerate(OPS)}
             task_unit = np.asarray(self.task_unit, dtype=np.int64)
@@ -71,6 +72,7 @@ class TaskGraph:
                 "rank": np.asarray(self.unit_rank, dtype=np.int32)[task_unit] if len(task_unit) else np.zeros(0, np.int32),
                 "paired": unit_size[task_unit] == 2 if len(task_unit) else np.zeros(0, bool),
                 "edge_src": edges[:, 0], "edge_dst": edges[:, 1], "edge_kind": edges[:, 2],
+                "edge_boundary": edges[:, 3],
             }
         return self._columns
 
