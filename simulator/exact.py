@@ -9,9 +9,10 @@ Blocking sends hold the sender until the transfer ends. Host time outside ops
 send is posted.
 
 The units are walked in waves (`schedules.timeline`): a wave holds at most one unit per
-rank, so each wave is a handful of numpy operations. A link has one sender, so within a
-wave it carries the sends of one unit; a unit's several sends on one link go out in
-turn, one numpy step each.
+rank, so each wave is a handful of numpy operations on contiguous slices (units are
+renumbered in wave order, inputs and outputs sorted to match). A link has one sender,
+so within a wave it carries the sends of one unit; a unit's several sends on one link
+go out in turn, one numpy step each.
 """
 from __future__ import annotations
 
@@ -23,86 +24,107 @@ from pipesched.schedules.timeline import graph_waves
 from .timing import Timeline, Timing
 
 
-class _Sends:
-    """The transfers grouped for the walk: group g = (wave, turn) holds
-    edges[bounds[g]:bounds[g + 1]], each a unit's turn-th send on its link."""
+class _Layout:
+    """The graph renumbered for the walk. Units by position in wave order; an arrival
+    slot per edge: first local edges, then transfers, each sorted by when their producer
+    runs (transfers by (wave, turn): a unit's turn-th send on its link)."""
 
-    def __init__(self, graph: TaskGraph, timing: Timing, wave_of_unit: np.ndarray, n_waves: int):
+    def __init__(self, graph: TaskGraph, timing: Timing):
+        waves = graph_waves(graph)
+        if not waves.complete:
+            raise ValueError("graph has no topological order: validate the schedule first")
         col = graph.columns()
-        xfer = np.flatnonzero(timing.edge_link >= 0)
-        unit = col["unit"][col["edge_src"][xfer]]
-        # a unit's sends go out in task order, then edge order: the order of (src task, edge id)
-        key = unit * (len(timing.links) + 1) + timing.edge_link[xfer]
-        order = np.lexsort((xfer, col["edge_src"][xfer], key))
-        xfer, key, unit = xfer[order], key[order], unit[order]
+        n_units = len(graph.units)
+        self.order, self.bounds = waves.order, waves.bounds.tolist()
+        position = np.empty(n_units, dtype=np.int64)
+        position[self.order] = np.arange(n_units)
+        wave = np.empty(n_units, dtype=np.int64)
+        wave[self.order] = np.repeat(np.arange(len(waves)), np.diff(waves.bounds))
+        prev = waves.prev[self.order]
+        self.prev = np.where(prev >= 0, position[np.maximum(prev, 0)], n_units)  # n_units: "rank free at 0"
+
+        src, dst = col["edge_src"], col["edge_dst"]
+        src_pos, dst_pos = position[col["unit"][src]], position[col["unit"][dst]]
+        ready_offset, ready_len = timing.task_offset[src], timing.task_len[src]
+        local = timing.edge_link < 0
+        # local edges by producer position
+        loc = np.flatnonzero(local)
+        loc = loc[np.argsort(src_pos[loc], kind="stable")]
+        self.local_bounds = np.searchsorted(wave[col["unit"][src[loc]]], np.arange(len(waves) + 1)).tolist()
+        self.local_src, self.local_offset, self.local_len = src_pos[loc], ready_offset[loc], ready_len[loc]
+        # transfers: a unit's sends go out in task order, then edge order; turn = rank among its sends on a link
+        xfer = np.flatnonzero(~local)
+        key = col["unit"][src[xfer]] * (len(timing.links) + 1) + timing.edge_link[xfer]
+        first = np.lexsort((xfer, src[xfer], key))
+        xfer, key = xfer[first], key[first]
         turn = np.arange(len(xfer)) - np.searchsorted(key, key)
         self.turns = int(turn.max(initial=0)) + 1
-        group = wave_of_unit[unit] * self.turns + turn
+        group = wave[col["unit"][src[xfer]]] * self.turns + turn
         by_group = np.argsort(group, kind="stable")
-        self.edges = xfer[by_group]
-        self.bounds = np.searchsorted(group[by_group], np.arange(n_waves * self.turns + 1))
+        xfer = self.sends = xfer[by_group]
+        self.send_bounds = np.searchsorted(group[by_group], np.arange(len(waves) * self.turns + 1)).tolist()
+        send_offset = timing.host.send_offset[xfer] if timing.host is not None else np.zeros(len(xfer))
+        self.send_src, self.send_link, self.send_time = src_pos[xfer], timing.edge_link[xfer], timing.edge_time[xfer]
+        self.send_offset, self.send_len, self.send_posted = ready_offset[xfer], ready_len[xfer], send_offset
+        # arrival slots: local edges, then transfers, then one that never holds anything up
+        slot = np.empty(len(src), dtype=np.int64)
+        slot[loc] = np.arange(len(loc))
+        slot[xfer] = len(loc) + np.arange(len(xfer))
+        self.n_slots, self.first_send_slot = len(loc) + len(xfer) + 1, len(loc)
+        # per unit (by position) its inputs' slots, padded with the idle slot
+        by_dst = np.argsort(dst_pos, kind="stable")
+        column = np.arange(len(src)) - np.searchsorted(dst_pos[by_dst], dst_pos[by_dst])
+        self.inputs = np.full((n_units, int(column.max(initial=-1)) + 1), self.n_slots - 1, dtype=np.int64)
+        self.inputs[dst_pos[by_dst], column] = slot[by_dst]
 
 
 def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
     """Earliest start and end of every unit, task and transfer (seconds)."""
-    waves = graph_waves(graph)
-    if not waves.complete:
-        raise ValueError("graph has no topological order: validate the schedule first")
-    col = graph.columns()
-    n_units, n_edges = len(graph.units), len(graph.edges)
-    wave_of_unit = np.empty(n_units, dtype=np.int64)
-    wave_of_unit[waves.order] = np.repeat(np.arange(len(waves)), np.diff(waves.bounds))
-    # inputs from other units, grouped by the wave of their consumer
-    src_unit, dst_unit = col["unit"][col["edge_src"]], col["unit"][col["edge_dst"]]
-    by_wave = np.argsort(wave_of_unit[dst_unit], kind="stable")
-    in_bounds = np.searchsorted(wave_of_unit[dst_unit][by_wave], np.arange(len(waves) + 1))
-    sends = _Sends(graph, timing, wave_of_unit, len(waves))
-
-    position = np.empty(n_units, dtype=np.int64)
-    position[waves.order] = np.arange(n_units)
-    slot = position[dst_unit] - waves.bounds[wave_of_unit[dst_unit]]  # the consumer's place in its wave
-    local = timing.edge_link < 0
-
+    lay = _Layout(graph, timing)
+    n_units, order = len(graph.units), lay.order
     host = timing.host
-    zeros = np.zeros(n_units)
-    pre, take, post = (host.pre, host.take, host.post) if host is not None else (zeros, zeros, zeros)
-    send_offset = host.send_offset if host is not None else np.zeros(n_edges)
-    task_offset, task_len = timing.task_offset, timing.task_len
-    src_offset, src_len = task_offset[col["edge_src"]], task_len[col["edge_src"]]
-    edge_time, edge_link = timing.edge_time, timing.edge_link
-    link_free = np.zeros(len(timing.links))
-
+    pre, take, post = ((host.pre[order], host.take[order], host.post[order]) if host is not None else (None,) * 3)
+    unit_time = timing.unit_time[order]
     start = np.zeros(n_units)
-    free = np.zeros(n_units + 1)  # when each unit's rank may start its next; [-1]: 0 for a rank's first
-    edge_start = np.full(n_edges, np.nan)
-    edge_end = np.full(n_edges, np.nan)
-    prev = waves.prev
-    for k in range(len(waves)):
-        units = waves.order[waves.bounds[k]:waves.bounds[k + 1]]
-        t = free[prev[units]] + pre[units]
-        inputs = by_wave[in_bounds[k]:in_bounds[k + 1]]
-        if len(inputs):
-            # a local input is ready when its task ends; a transfer arrives when it ends
-            ready = start[src_unit[inputs]] + src_offset[inputs] + src_len[inputs]
-            arrived = np.where(local[inputs], ready, edge_end[inputs])
-            latest = np.full(len(units), -np.inf)
-            np.maximum.at(latest, slot[inputs], arrived)
-            t = np.maximum(t, latest)
-        t = t + take[units]
-        start[units] = t
-        free[units] = t + timing.unit_time[units] + post[units]
-        for turn in range(sends.turns):
-            g = k * sends.turns + turn
-            e = sends.edges[sends.bounds[g]:sends.bounds[g + 1]]
-            if not len(e):
+    free = np.zeros(n_units + 1)  # when each unit's rank may start its next one; [-1]: 0, before a rank's first
+    arrival = np.full(lay.n_slots, -np.inf)
+    send_start = np.zeros(len(lay.sends))
+    link_free = np.zeros(len(timing.links))
+    inputs, has_inputs = lay.inputs, lay.inputs.shape[1] > 0
+    bounds, local_bounds, send_bounds, turns = lay.bounds, lay.local_bounds, lay.send_bounds, lay.turns
+    contention, blocking, s0 = timing.contention, timing.blocking_sends, lay.first_send_slot
+    for k in range(len(bounds) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        t = free[lay.prev[lo:hi]]
+        if host is not None:
+            t = t + pre[lo:hi]
+        if has_inputs:
+            t = np.maximum(t, arrival[inputs[lo:hi]].max(axis=1))
+        if host is not None:
+            t = t + take[lo:hi]
+        start[lo:hi] = t
+        free[lo:hi] = t + unit_time[lo:hi] + post[lo:hi] if host is not None else t + unit_time[lo:hi]
+        a, b = local_bounds[k], local_bounds[k + 1]
+        if b > a:  # a local input is there when its task ends
+            arrival[a:b] = start[lay.local_src[a:b]] + lay.local_offset[a:b] + lay.local_len[a:b]
+        for g in range(k * turns, (k + 1) * turns):
+            a, b = send_bounds[g], send_bounds[g + 1]
+            if b == a:
                 continue
-            s = start[src_unit[e]] + src_offset[e] + src_len[e] + send_offset[e]
-            if timing.contention:
-                s = np.maximum(s, link_free[edge_link[e]])
-            f = s + edge_time[e]
-            link_free[edge_link[e]] = f
-            edge_start[e], edge_end[e] = s, f
-            if timing.blocking_sends:
-                np.maximum.at(free, src_unit[e], f)
-    task_start = start[col["unit"]] + task_offset
-    return Timeline(start, start + timing.unit_time, edge_start, edge_end, task_start, task_start + task_len)
+            s = start[lay.send_src[a:b]] + lay.send_offset[a:b] + lay.send_len[a:b] + lay.send_posted[a:b]
+            link = lay.send_link[a:b]
+            if contention:
+                s = np.maximum(s, link_free[link])
+            f = s + lay.send_time[a:b]
+            link_free[link] = f
+            send_start[a:b], arrival[s0 + a:s0 + b] = s, f
+            if blocking:
+                np.maximum.at(free, lay.send_src[a:b], f)
+    unit_start = np.empty(n_units)
+    unit_start[order] = start
+    edge_start = np.full(len(graph.edges), np.nan)
+    edge_end = np.full(len(graph.edges), np.nan)
+    edge_start[lay.sends], edge_end[lay.sends] = send_start, arrival[s0:s0 + len(lay.sends)]
+    task_start = unit_start[graph.columns()["unit"]] + timing.task_offset
+    return Timeline(unit_start, unit_start + timing.unit_time, edge_start, edge_end, task_start,
+                    task_start + timing.task_len)
