@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-import networkx as nx
 import numpy as np
 
 from .ir import B, BW, F, OPS, W, Overlap, Schedule, Task, unit_tasks
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from .timeline import Waves
 
 LOCAL, ACTIVATION, GRADIENT = 0, 1, 2
@@ -49,11 +50,11 @@ class TaskGraph:
     unit_rank: list[int]
     rank_units: list[list[int]]
     edges: list[Edge]
-    task_inputs: list[list[int]]   # edge ids into each task
-    task_outputs: list[list[int]]  # edge ids out of each task
     topo_units: list[int]          # filled by validation; empty until then
     _columns: dict | None = field(default=None, repr=False)
     waves: Waves | None = field(default=None, repr=False)  # see schedules.timeline.graph_waves
+    _inputs: list[list[int]] | None = field(default=None, repr=False)
+    _outputs: list[list[int]] | None = field(default=None, repr=False)
 
     def columns(self) -> dict[str, np.ndarray]:
         """Per-task and per-edge numpy columns, for vectorised consumers (computed once).
@@ -75,6 +76,20 @@ class TaskGraph:
                 "edge_boundary": edges[:, 3],
             }
         return self._columns
+
+    @property
+    def task_inputs(self) -> list[list[int]]:
+        """Edge ids into each task (built on first use: the exact engine never needs them)."""
+        if self._inputs is None:
+            self._inputs, self._outputs = _edge_lists(len(self.tasks), self.edges)
+        return self._inputs
+
+    @property
+    def task_outputs(self) -> list[list[int]]:
+        """Edge ids out of each task, in edge order."""
+        if self._outputs is None:
+            self._inputs, self._outputs = _edge_lists(len(self.tasks), self.edges)
+        return self._outputs
 
     @property
     def transfers(self) -> list[int]:
@@ -135,20 +150,25 @@ def build_graph(schedule: Schedule) -> TaskGraph:
             unit_rank.append(rank)
         rank_units.append(ids)
     index = {t: i for i, t in enumerate(tasks)}
-    edges = derive_edges(schedule, index)
-    inputs: list[list[int]] = [[] for _ in tasks]
-    outputs: list[list[int]] = [[] for _ in tasks]
+    return TaskGraph(schedule, tasks, index, task_unit, units, unit_rank, rank_units, derive_edges(schedule, index), [])
+
+
+def _edge_lists(n_tasks: int, edges: list[Edge]) -> tuple[list[list[int]], list[list[int]]]:
+    """Per task, the ids of the edges into it and out of it, in edge order."""
+    inputs: list[list[int]] = [[] for _ in range(n_tasks)]
+    outputs: list[list[int]] = [[] for _ in range(n_tasks)]
     for i, e in enumerate(edges):
         inputs[e.dst].append(i)
         outputs[e.src].append(i)
-    return TaskGraph(schedule, tasks, index, task_unit, units, unit_rank, rank_units,
-                     edges, inputs, outputs, [])
+    return inputs, outputs
 
 
 def to_networkx(graph: TaskGraph) -> nx.DiGraph:
     """Tasks as nodes; data edges (`kind`: local/activation/gradient) and program-order
     edges (`kind`: program) between consecutive units of a rank. A data edge that is
     also program order keeps its data kind and gets `program=True`."""
+    import networkx as nx  # here, not at the top: importing it costs more than compiling a graph
+
     g = nx.DiGraph()
     for i, task in enumerate(graph.tasks):
         g.add_node(task, rank=graph.unit_rank[graph.task_unit[i]], unit=graph.task_unit[i])

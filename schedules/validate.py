@@ -11,7 +11,6 @@ import gc
 from contextlib import contextmanager
 from typing import Iterator
 
-import networkx as nx
 import numpy as np
 
 from .graph import TaskGraph, build_graph, unit_label
@@ -127,6 +126,8 @@ def topological_units(graph: TaskGraph) -> tuple[list[int], list[tuple[int, int]
 
 def describe_cycle(graph: TaskGraph, residual: list[tuple[int, int]], limit: int = 16) -> str:
     """The cycle as 'rank r: op' steps, back to its start; long cycles are elided."""
+    import networkx as nx  # only to spell out a deadlock; importing it costs more than validating
+
     cycle = [u for u, _ in nx.find_cycle(nx.DiGraph(residual))]
     steps = [f"rank {graph.unit_rank[u]}: {unit_label(graph, u)}" for u in cycle + cycle[:1]]
     if len(steps) > limit:
