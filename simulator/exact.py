@@ -47,35 +47,43 @@ class _Layout:
         src_pos, dst_pos = position[col["unit"][src]], position[col["unit"][dst]]
         ready_offset, ready_len = timing.task_offset[src], timing.task_len[src]
         local = timing.edge_link < 0
+        n_edges = len(src)
         # local edges by producer position
         loc = np.flatnonzero(local)
-        loc = loc[np.argsort(src_pos[loc], kind="stable")]
+        loc = loc[_sorted_by(src_pos[loc], loc, n_edges)]
         self.local_bounds = np.searchsorted(wave[col["unit"][src[loc]]], np.arange(len(waves) + 1)).tolist()
         self.local_src, self.local_offset, self.local_len = src_pos[loc], ready_offset[loc], ready_len[loc]
         # transfers: a unit's sends go out in task order, then edge order; turn = rank among its sends on a link
         xfer = np.flatnonzero(~local)
-        key = col["unit"][src[xfer]] * (len(timing.links) + 1) + timing.edge_link[xfer]
-        first = np.lexsort((xfer, src[xfer], key))
-        xfer, key = xfer[first], key[first]
-        turn = np.arange(len(xfer)) - np.searchsorted(key, key)
+        unit_link = col["unit"][src[xfer]] * (len(timing.links) + 1) + timing.edge_link[xfer]
+        size = np.bincount(col["unit"], minlength=n_units)
+        member = src[xfer] - (np.cumsum(size) - size)[col["unit"][src[xfer]]]  # its task's place in the unit
+        xfer = xfer[_sorted_by(unit_link * int(size.max(initial=1)) + member, xfer, n_edges)]
+        unit_link = col["unit"][src[xfer]] * (len(timing.links) + 1) + timing.edge_link[xfer]
+        turn = np.arange(len(xfer)) - np.searchsorted(unit_link, unit_link)
         self.turns = int(turn.max(initial=0)) + 1
         group = wave[col["unit"][src[xfer]]] * self.turns + turn
-        by_group = np.argsort(group, kind="stable")
-        xfer = self.sends = xfer[by_group]
-        self.send_bounds = np.searchsorted(group[by_group], np.arange(len(waves) * self.turns + 1)).tolist()
+        xfer = self.sends = xfer[_sorted_by(group, np.arange(len(xfer)), len(xfer))]
+        self.send_bounds = np.searchsorted(np.sort(group), np.arange(len(waves) * self.turns + 1)).tolist()
         send_offset = timing.host.send_offset[xfer] if timing.host is not None else np.zeros(len(xfer))
         self.send_src, self.send_link, self.send_time = src_pos[xfer], timing.edge_link[xfer], timing.edge_time[xfer]
         self.send_offset, self.send_len, self.send_posted = ready_offset[xfer], ready_len[xfer], send_offset
         # arrival slots: local edges, then transfers, then one that never holds anything up
-        slot = np.empty(len(src), dtype=np.int64)
+        slot = np.empty(n_edges, dtype=np.int64)
         slot[loc] = np.arange(len(loc))
         slot[xfer] = len(loc) + np.arange(len(xfer))
         self.n_slots, self.first_send_slot = len(loc) + len(xfer) + 1, len(loc)
         # per unit (by position) its inputs' slots, padded with the idle slot
-        by_dst = np.argsort(dst_pos, kind="stable")
-        column = np.arange(len(src)) - np.searchsorted(dst_pos[by_dst], dst_pos[by_dst])
+        by_dst = _sorted_by(dst_pos, np.arange(n_edges), n_edges)
+        column = np.arange(n_edges) - np.searchsorted(dst_pos[by_dst], dst_pos[by_dst])
         self.inputs = np.full((n_units, int(column.max(initial=-1)) + 1), self.n_slots - 1, dtype=np.int64)
         self.inputs[dst_pos[by_dst], column] = slot[by_dst]
+
+
+def _sorted_by(key: np.ndarray, tie: np.ndarray, tie_range: int) -> np.ndarray:
+    """The order that sorts by `key`, then by `tie` (distinct values in 0..tie_range-1): one
+    unstable sort of a composite key, much faster than a stable or lexicographic one."""
+    return np.argsort(key.astype(np.int64) * tie_range + tie)
 
 
 def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
