@@ -92,7 +92,10 @@ def memory_samples(graph: TaskGraph, stage_costs: list[StageCost], task_start: n
         rank, when = np.concatenate((b_rank, rank)), np.concatenate((b_when, when))
         kind, delta = np.concatenate((b_kind, kind)), np.concatenate((b_delta, delta))
     changes = np.flatnonzero(delta != 0)
-    order = changes[np.lexsort((kind[changes], when[changes], rank[changes]))]  # stable: ties keep event order
+    # by rank, time, kind (frees first), then event order: stable sorts, least significant key first
+    order = np.concatenate((changes[kind[changes] == 0], changes[kind[changes] == 1]))
+    order = order[np.argsort(when[order], kind="stable")]
+    order = order[np.argsort(rank[order].astype(np.int16 if sched.ranks < 2 ** 15 else np.int64), kind="stable")]
     bounds = np.searchsorted(rank[order], np.arange(sched.ranks + 1))
     base = resident_bytes(graph, stage_costs)
     out = []
