@@ -38,7 +38,45 @@ def check_structure(s: Schedule) -> None:
         if not _is_count(st.model_stage) or st.model_stage < 0:
             raise ScheduleError(f"virtual stage {i} has model_stage {st.model_stage!r}, need an integer >= 0")
     _check_paths(s)
-    _check_programs(s)
+    if not _programs_are_sound(s):
+        _check_programs(s)  # names the first problem
+
+
+def _programs_are_sound(s: Schedule) -> bool:
+    """True when `_check_programs` would find nothing, checked on arrays; False says only
+    that something is wrong (`_check_programs` then finds what)."""
+    items = [(rank, item) for rank, program in enumerate(s.programs) for item in program]
+    if any(isinstance(item, Overlap) and item.first == item.second for _, item in items):
+        return False
+    tasks = [(rank, t) for rank, item in items for t in unit_tasks(item)]
+    if not tasks:
+        return False
+    ranks, flat = zip(*tasks)
+    ops, mbs, stages = zip(*flat)
+    if not (all(type(x) is int for x in mbs) and all(type(x) is int for x in stages)):
+        return False
+    bits = [_BIT.get(op, 0) for op in ops]
+    if 0 in bits:
+        return False
+    mb, stage, bit = np.asarray(mbs), np.asarray(stages), np.asarray(bits)
+    n_stages, m = len(s.stages), s.microbatches
+    if mb.min() < 0 or mb.max() >= m or stage.min() < 0 or stage.max() >= n_stages:
+        return False
+    if not (np.asarray([st.rank for st in s.stages])[stage] == np.asarray(ranks)).all():
+        return False
+    visits = np.zeros((len(s.paths), n_stages), dtype=bool)
+    for p, path in enumerate(s.paths):
+        visits[p, path] = True
+    mb_path = np.asarray(s.microbatch_paths)
+    if not visits[mb_path[mb], stage].all():
+        return False
+    cell = mb * n_stages + stage
+    if len(np.unique(cell * 16 + bit)) != len(cell):  # an op twice
+        return False
+    have = np.zeros(m * n_stages, dtype=np.int64)
+    np.bitwise_or.at(have, cell, bit)
+    needed = visits[mb_path].ravel()  # every (microbatch, virtual stage) on its path
+    return bool(np.isin(have[needed], (1 | 8, 1 | 2 | 4)).all())
 
 
 def _check_paths(s: Schedule) -> None:
