@@ -7,6 +7,7 @@ the common Trace. Keeping these in one place is what makes the engines comparabl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -86,8 +87,8 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
     posts = None
     if costs.comm_buffers or costs.host_overhead.per_recv:
         posts = receive_posts(graph, costs.recv_lookahead)
-    host = _host_time(graph, costs, edge_link, posts) if costs.host_overhead.any else None
-    unit_time, task_offset, task_len, host = _units(graph, costs, task_time, edge_link, host)
+    task_host = _host_time(graph, costs, edge_link, posts) if costs.host_overhead.any else None
+    unit_time, task_offset, task_len, host = _units(graph, costs, task_time, edge_link, task_host)
     return Timing(task_time, unit_time, task_offset, task_len, costs.overlap == 0, edge_time, edge_bytes, edge_link,
                   links, costs.contention, costs.blocking_sends, stage_costs, costs.comm_buffers, posts, host)
 
@@ -134,7 +135,7 @@ def _transfers(graph: TaskGraph, costs: CostModel, stage_costs: list[StageCost]
 
 
 def _units(graph: TaskGraph, costs: CostModel, task_time: np.ndarray, edge_link: np.ndarray,
-           host: HostTime | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, HostTime | None]:
+           task_host: _TaskHostTime | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, HostTime | None]:
     """Unit times, each task's offset and span within its unit, and the host time per
     unit. A serial pair (overlap 0) runs its two ops one after the other, the first
     one's bookkeeping and sends in between, so the first op's outputs leave when it
@@ -145,7 +146,7 @@ def _units(graph: TaskGraph, costs: CostModel, task_time: np.ndarray, edge_link:
     first = np.cumsum(size) - size  # a unit's tasks are consecutive ids
     pair = np.flatnonzero(size == 2)
     a, b = first[pair], first[pair] + 1
-    task_post = host.post if host is not None else np.zeros(len(task_time))
+    task_post = task_host.post if task_host is not None else np.zeros(len(task_time))
     unit_time = task_time[first].copy()
     unit_post = task_post[first].copy()
     task_offset, task_len = np.zeros(len(task_time)), task_time.copy()
@@ -157,14 +158,14 @@ def _units(graph: TaskGraph, costs: CostModel, task_time: np.ndarray, edge_link:
         both = task_time[a] + task_time[b] - costs.overlap * np.minimum(task_time[a], task_time[b])
         task_len[a] = task_len[b] = unit_time[pair] = both
         unit_post[pair] = task_post[a] + task_post[b]
-        if host is not None:
+        if task_host is not None:
             second = np.zeros(len(task_time), dtype=bool)
             second[b] = True
             moved = second[col["edge_src"]] & (edge_link >= 0)
-            host.send_offset[moved] += task_post[col["edge_src"][moved] - 1]
-    if host is not None:
-        host = HostTime(host.pre, host.take, unit_post, host.send_offset)
-    return unit_time, task_offset, task_len, host
+            task_host.send_offset[moved] += task_post[col["edge_src"][moved] - 1]
+    if task_host is None:
+        return unit_time, task_offset, task_len, None
+    return unit_time, task_offset, task_len, HostTime(task_host.pre, task_host.take, unit_post, task_host.send_offset)
 
 
 def _first_backwards_keep(graph: TaskGraph, stage_costs: list[StageCost], model: np.ndarray,
@@ -183,11 +184,20 @@ def _first_backwards_keep(graph: TaskGraph, stage_costs: list[StageCost], model:
     task_time[t] = np.maximum(0.0, task_time[t] - keep[task_model[first]])
 
 
-def _host_time(graph: TaskGraph, costs: CostModel, edge_link: np.ndarray, posts: np.ndarray | None) -> HostTime:
-    """Host time per task (in `post`, per task until `_units` sums it per unit): after it,
-    bookkeeping then posting each of its sends in turn; per edge, when its data can leave
-    after its task's end; per unit, posting the receives the executor posts before it and
-    taking its arrived inputs."""
+class _TaskHostTime(NamedTuple):
+    """Host time as `_host_time` finds it: `post` per task, which `_units` sums per unit."""
+
+    pre: np.ndarray
+    take: np.ndarray
+    post: np.ndarray
+    send_offset: np.ndarray
+
+
+def _host_time(graph: TaskGraph, costs: CostModel, edge_link: np.ndarray, posts: np.ndarray | None
+               ) -> _TaskHostTime:
+    """Per task, host time after it: bookkeeping then posting each of its sends in turn;
+    per edge, when its data can leave after its task's end; per unit, posting the
+    receives the executor posts before it and taking its arrived inputs."""
     o = costs.host_overhead
     col = graph.columns()
     n_tasks = len(col["op"])
@@ -212,7 +222,7 @@ def _host_time(graph: TaskGraph, costs: CostModel, edge_link: np.ndarray, posts:
         rank_first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
         at = rank_first[col["rank"][col["edge_dst"][xfer]]] + posts[xfer]  # a rank's units are consecutive ids
         pre = np.bincount(at, weights=np.full(len(xfer), o.per_recv), minlength=len(graph.units))
-    return HostTime(pre, take, task_post, send_offset)
+    return _TaskHostTime(pre, take, task_post, send_offset)
 
 
 def _payload(cost: StageCost, activation: bool) -> float:
