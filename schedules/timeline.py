@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from .graph import TaskGraph, derive_edges
-from .ir import BW, OPS, Schedule, ScheduleError, unit_tasks
+from .ir import BW, OPS, Overlap, Schedule, ScheduleError
 
 # (op, model_stage, num_model_stages) -> seconds
 OpTime = Callable[[str, int, int], float]
@@ -136,35 +136,40 @@ class OrderTimer:
         model = [st.model_stage for st in schedule.stages]
         num_model = schedule.num_model_stages
         self.duration = np.fromiter((op_time(t.op, model[t.stage], num_model) for t in tasks), float, len(tasks))
-        self.ops = frozenset(self.index)
 
     def makespan(self, schedule: Schedule) -> float:
-        """Makespan of `schedule` (seconds); its ops must be the ones the timer was built for.
-        Pairs run serially; ScheduleError if the order deadlocks."""
+        """Makespan of `schedule` (seconds); KeyError unless its ops are exactly the ones
+        the timer was built for. Pairs run serially; ScheduleError if the order deadlocks."""
         index = self.index
-        task_unit = np.empty(len(index), dtype=np.int64)
+        task_unit = np.full(len(index), -1, dtype=np.int64)
         prev: list[int] = []
         unit = 0
         for program in schedule.programs:
             for i, item in enumerate(program):
-                for task in unit_tasks(item):
-                    task_unit[index[task]] = unit
+                if type(item) is Overlap:
+                    task_unit[index[item.first]] = task_unit[index[item.second]] = unit
+                else:
+                    task_unit[index[item]] = unit
                 prev.append(unit - 1 if i else -1)
                 unit += 1
+        if (task_unit < 0).any():
+            raise KeyError("the schedule lacks some of the timer's ops")
         waves = waves_of(np.asarray(prev, dtype=np.int64), task_unit[self.src], task_unit[self.dst])
         if not waves.complete:
             raise ScheduleError(f"schedule {schedule.name!r} deadlocks")
         unit_time = np.bincount(task_unit, weights=self.duration, minlength=unit)
         return float(finish_times(waves, unit_time)[1].max(initial=0.0))
 
-    def covers(self, schedule: Schedule) -> bool:
-        return sum(len(unit_tasks(item)) for program in schedule.programs for item in program) == len(self.index) \
-            and all(t in self.index for t in schedule.tasks())
-
 
 def fastest(candidates: list[Schedule], op_time: OpTime) -> Schedule:
     """The candidate with the shortest makespan under `op_time` (ties: the first)."""
     timer = OrderTimer(candidates[0], op_time)
-    times = [(timer if timer.covers(c) else OrderTimer(c, op_time)).makespan(c) for c in candidates]
-    return candidates[times.index(min(times))]
 
+    def makespan(candidate: Schedule) -> float:
+        try:
+            return timer.makespan(candidate)
+        except KeyError:  # other ops than the first candidate's (e.g. fused backwards)
+            return OrderTimer(candidate, op_time).makespan(candidate)
+
+    times = [makespan(c) for c in candidates]
+    return candidates[times.index(min(times))]
