@@ -1,12 +1,18 @@
-"""Simulator speed and memory, against torch.distributed.pipelining's own simulator.
+"""Simulator speed, end to end and per library call, against torch.distributed.pipelining.
 
-Prints ratios measured in the same run (times are wall-clock on this machine):
-  1. zb-v, p=64, m=256, with communication: pipesched (build + validate + DES +
-     metrics) against torch's get_schedule_ops(with_comms=True) + _simulate_comms_compute
-     (unit time only). Target: pipesched at least 5x faster.
-  2. p=128, m=1024, v=2 (interleaved-1f1b and zb-v): total time and peak memory of one
-     pipesched simulation in a fresh process. Target: under 60 s and 4 GB.
-Usage: python benchmarks/simulator_speed.py [--quick]
+Prints ratios measured in the same run (wall-clock seconds on this machine):
+  1. zb-v, p=64, m=256, with communication: the command a user runs,
+     `pipesched simulate zb-v -p 64 -m 256 --latency 0.01 --json` (a subprocess, so
+     interpreter start and imports count), and the library calls (build, validate,
+     simulate, metrics), against torch's get_schedule_ops(with_comms=True) +
+     _simulate_comms_compute (unit time only). Target: the command >= 10x faster.
+  2. One exact evaluation (resolve costs, longest path, Trace with memory) of zb-v
+     p=128, m=1024 (786k ops), in a fresh process. Target: <= 2 s.
+  3. A sweep of every built-in over p in {4, 8, 16}, m in {p, 2p, 4p, 8p}, v in {1, 2}
+     (v only for the schedules that take it): library calls (simulate with the auto
+     engine, metrics) and the `pipesched sweep` command per (p, v) with --engine exact.
+     Target: <= 20 s.
+Usage: python benchmarks/simulator_speed.py [--quick] [--out FILE]
 """
 from __future__ import annotations
 
@@ -19,9 +25,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+PIPESCHED = [sys.executable, "-m", "pipesched"]
 
 
-def ours(name: str, p: int, m: int, v: int | None) -> dict:
+def ours(name: str, p: int, m: int, v: int | None, engine: str = "auto") -> dict:
     """One simulation with communication; times each phase (seconds)."""
     import resource
 
@@ -34,17 +41,17 @@ def ours(name: str, p: int, m: int, v: int | None) -> dict:
     costs = uniform(1e-3, 1e-3, 1e-3, activation_bytes=8e6, activation_memory=1e8,
                     network=Network(Link(2e-5, 1e10)))
     t0 = time.perf_counter()
-    schedule = build(name, p, m, v)
+    schedule = build(name, p, m, v, costs.op_time_for(p))
     t1 = time.perf_counter()
     graph = validate(schedule)
     t2 = time.perf_counter()
-    trace = simulate(graph, costs, engine="des")
+    trace = simulate(graph, costs, engine=engine)
     t3 = time.perf_counter()
     metrics = compute_metrics(trace, graph)
     t4 = time.perf_counter()
     return {"build": t1 - t0, "validate": t2 - t1, "simulate": t3 - t2, "metrics": t4 - t3, "total": t4 - t0,
             "tasks": len(graph.tasks), "spans": len(trace), "makespan": metrics.makespan,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "engine": trace.meta["engine"], "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
 def torch_reference(p: int, m: int) -> dict:
@@ -71,6 +78,72 @@ def torch_reference(p: int, m: int) -> dict:
     return {"get_schedule_ops": t1 - t0, "simulate_comms_compute": t2 - t1, "total": t2 - t0}
 
 
+def exact_evaluation(name: str, p: int, m: int) -> dict:
+    """Build and validate (untimed), then one exact evaluation: costs resolved, longest
+    path, Trace with memory (seconds)."""
+    from pipesched.schedules.registry import build
+    from pipesched.schedules.validate import validate
+    from pipesched.simulator.api import simulate
+    from pipesched.simulator.costs import Link, Network, uniform
+
+    costs = uniform(1e-3, 1e-3, 1e-3, activation_bytes=8e6, activation_memory=1e8,
+                    network=Network(Link(2e-5, 1e10)))
+    t0 = time.perf_counter()
+    graph = validate(build(name, p, m))
+    t1 = time.perf_counter()
+    trace = simulate(graph, costs, engine="exact")
+    t2 = time.perf_counter()
+    return {"tasks": len(graph.tasks), "build_validate": t1 - t0, "evaluate": t2 - t1,
+            "makespan": float(trace.end.max())}
+
+
+SWEEP_PS, SWEEP_VS = (4, 8, 16), (1, 2)
+
+
+def sweep_library() -> dict:
+    """Every built-in at every (p, m, v) of the sweep grid: build, validate, simulate
+    (auto engine), metrics. Schedules with a fixed chunk count run once per (p, m)."""
+    from pipesched.schedules.ir import ScheduleError
+    from pipesched.schedules.registry import BUILDERS, build
+    from pipesched.schedules.validate import validate
+    from pipesched.simulator.api import simulate
+    from pipesched.simulator.costs import CostModel
+    from pipesched.simulator.metrics import compute_metrics
+
+    costs = CostModel().check()
+    t0 = time.perf_counter()
+    points = skipped = 0
+    for p in SWEEP_PS:
+        for m in (p, 2 * p, 4 * p, 8 * p):
+            for name, builder in BUILDERS.items():
+                for v in (SWEEP_VS if builder.chunks is None else (None,)):
+                    try:
+                        graph = validate(build(name, p, m, v, costs.op_time_for(p)))
+                    except ScheduleError:
+                        skipped += 1
+                        continue
+                    compute_metrics(simulate(graph, costs, engine="auto"))
+                    points += 1
+    return {"points": points, "skipped": skipped, "total": time.perf_counter() - t0}
+
+
+def timed_command(args: list[str]) -> float:
+    """Wall seconds of one pipesched command in a subprocess (output discarded)."""
+    t0 = time.perf_counter()
+    subprocess.run(PIPESCHED + args, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    return time.perf_counter() - t0
+
+
+def sweep_commands() -> dict:
+    """`pipesched sweep` once per (p, v), all built-ins, m in {p, 2p, 4p, 8p}, --engine exact."""
+    t = 0.0
+    for p in SWEEP_PS:
+        for v in SWEEP_VS:
+            t += timed_command(["sweep", "-p", str(p), "-m", ",".join(str(k * p) for k in (1, 2, 4, 8)),
+                                "-v", str(v), "--engine", "exact"])
+    return {"commands": len(SWEEP_PS) * len(SWEEP_VS), "total": t}
+
+
 def in_fresh_process(kind: str, *args) -> dict:
     code = (f"import sys, json; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {HERE!r}); "
             f"import simulator_speed as b; print(json.dumps(b.{kind}(*{args!r})))")
@@ -80,23 +153,46 @@ def in_fresh_process(kind: str, *args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="p=32, m=128 and p=64, m=256 only (CI smoke run)")
+    parser.add_argument("--quick", action="store_true", help="p=32, m=128 only (smoke run)")
+    parser.add_argument("--out", metavar="FILE", help="also write the report to FILE")
     args = parser.parse_args()
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
     p, m = (32, 128) if args.quick else (64, 256)
+    command = ["simulate", "zb-v", "-p", str(p), "-m", str(m), "--latency", "0.01", "--json"]
+    cli = timed_command(command)
     mine = in_fresh_process("ours", "zb-v", p, m, None)
+    des = in_fresh_process("ours", "zb-v", p, m, None, "des")
     theirs = in_fresh_process("torch_reference", p, m)
-    print(f"zb-v p={p} m={m} with communication ({mine['tasks']} ops, {mine['spans']} spans)")
-    print(f"  pipesched: {mine['total']:.2f} s (build {mine['build']:.2f}, validate {mine['validate']:.2f}, "
-          f"DES {mine['simulate']:.2f}, metrics {mine['metrics']:.2f})")
-    print(f"  torch:     {theirs['total']:.2f} s (get_schedule_ops {theirs['get_schedule_ops']:.2f}, "
-          f"_simulate_comms_compute {theirs['simulate_comms_compute']:.2f}; unit time, no memory)")
-    print(f"  speed-up: {theirs['total'] / mine['total']:.1f}x (target >= 5x)")
-    if args.quick:
-        return
-    for name in ("interleaved-1f1b", "zb-v"):
-        big = in_fresh_process("ours", name, 128, 1024, 2 if name == "interleaved-1f1b" else None)
-        print(f"{name} p=128 m=1024 v=2 ({big['tasks']} ops): {big['total']:.1f} s (target < 60 s), "
-              f"peak RSS {big['peak_rss_bytes'] / 2**30:.2f} GiB (target < 4 GiB)")
+    say(f"zb-v p={p} m={m} with communication ({mine['tasks']} ops, {mine['spans']} spans)")
+    say(f"  command `pipesched {' '.join(command)}`: {cli:.2f} s end to end")
+    say(f"  library, auto engine ({mine['engine']}): {mine['total']:.2f} s (build {mine['build']:.2f}, "
+        f"validate {mine['validate']:.2f}, simulate {mine['simulate']:.2f}, metrics {mine['metrics']:.2f})")
+    say(f"  library, DES: {des['total']:.2f} s (simulate {des['simulate']:.2f}); same makespan: "
+        f"{abs(des['makespan'] - mine['makespan']) <= 1e-9 * mine['makespan']}")
+    say(f"  torch: {theirs['total']:.2f} s (get_schedule_ops {theirs['get_schedule_ops']:.2f}, "
+        f"_simulate_comms_compute {theirs['simulate_comms_compute']:.2f}; unit time, no memory)")
+    say(f"  torch / command: {theirs['total'] / cli:.1f}x (target >= 10x); torch / library: "
+        f"{theirs['total'] / mine['total']:.1f}x; torch / library with the DES: {theirs['total'] / des['total']:.1f}x")
+    if not args.quick:
+        big = in_fresh_process("exact_evaluation", "zb-v", 128, 1024)
+        say(f"zb-v p=128 m=1024 ({big['tasks']} ops): one exact evaluation {big['evaluate']:.2f} s (target <= 2 s); "
+            f"build + validate {big['build_validate']:.2f} s")
+        lib = in_fresh_process("sweep_library")
+        say(f"sweep, library calls: {lib['points']} points (p in {SWEEP_PS}, m in p..8p x2, v in {SWEEP_VS}; "
+            f"{lib['skipped']} refused) in {lib['total']:.1f} s (target <= 20 s)")
+        cmds = sweep_commands()
+        say(f"sweep, {cmds['commands']} `pipesched sweep -p P -v V -m P,2P,4P,8P --engine exact` commands: "
+            f"{cmds['total']:.1f} s end to end")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(f"# python benchmarks/simulator_speed.py ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")
+            f.write("\n".join(lines) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

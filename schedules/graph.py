@@ -15,12 +15,16 @@ units that `schedules.validate` proves exists.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import networkx as nx
 import numpy as np
 
 from .ir import B, BW, F, OPS, W, Overlap, Schedule, Task, unit_tasks
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+    from .timeline import Waves
 
 LOCAL, ACTIVATION, GRADIENT = 0, 1, 2
 EDGE_KINDS = ("local", "activation", "gradient")
@@ -46,14 +50,16 @@ class TaskGraph:
     unit_rank: list[int]
     rank_units: list[list[int]]
     edges: list[Edge]
-    task_inputs: list[list[int]]   # edge ids into each task
-    task_outputs: list[list[int]]  # edge ids out of each task
     topo_units: list[int]          # filled by validation; empty until then
     _columns: dict | None = field(default=None, repr=False)
+    waves: Waves | None = field(default=None, repr=False)  # see schedules.timeline.graph_waves
+    _inputs: list[list[int]] | None = field(default=None, repr=False)
+    _outputs: list[list[int]] | None = field(default=None, repr=False)
 
     def columns(self) -> dict[str, np.ndarray]:
         """Per-task and per-edge numpy columns, for vectorised consumers (computed once).
-        Tasks: op (index into OPS), mb, stage, unit, rank, paired; edges: src, dst, kind."""
+        Tasks: op (index into OPS), mb, stage, unit, rank, paired; edges: src, dst, kind,
+        boundary. Task ids run unit by unit, so a unit's tasks are consecutive."""
         if self._columns is None:
             op_index = {op: i for i, op in enumerate(OPS)}
             task_unit = np.asarray(self.task_unit, dtype=np.int64)
@@ -67,8 +73,23 @@ class TaskGraph:
                 "rank": np.asarray(self.unit_rank, dtype=np.int32)[task_unit] if len(task_unit) else np.zeros(0, np.int32),
                 "paired": unit_size[task_unit] == 2 if len(task_unit) else np.zeros(0, bool),
                 "edge_src": edges[:, 0], "edge_dst": edges[:, 1], "edge_kind": edges[:, 2],
+                "edge_boundary": edges[:, 3],
             }
         return self._columns
+
+    @property
+    def task_inputs(self) -> list[list[int]]:
+        """Edge ids into each task (built on first use: the exact engine never needs them)."""
+        if self._inputs is None:
+            self._inputs, self._outputs = _edge_lists(len(self.tasks), self.edges)
+        return self._inputs
+
+    @property
+    def task_outputs(self) -> list[list[int]]:
+        """Edge ids out of each task, in edge order."""
+        if self._outputs is None:
+            self._inputs, self._outputs = _edge_lists(len(self.tasks), self.edges)
+        return self._outputs
 
     @property
     def transfers(self) -> list[int]:
@@ -80,11 +101,6 @@ class TaskGraph:
         return self.unit_rank[self.task_unit[e.src]], self.unit_rank[self.task_unit[e.dst]]
 
 
-def backward_op(index: dict[Task, int], mb: int, stage: int) -> str:
-    """Which backward the program uses for (mb, stage): split B (+W) or fused BW."""
-    return B if (B, mb, stage) in index else BW
-
-
 def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:
     """All data dependencies of a structurally valid schedule, from its paths.
 
@@ -93,7 +109,7 @@ def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:
     rank = [st.rank for st in schedule.stages]
     model = [st.model_stage for st in schedule.stages]
     edges: list[Edge] = []
-    add = edges.append
+    add, new = edges.append, tuple.__new__  # new(Edge, ...) skips the NamedTuple's Python-level constructor
     for mb in range(schedule.microbatches):
         path = schedule.path_of(mb)
         last = len(path) - 1
@@ -105,12 +121,12 @@ def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:
             ms = model[s]
             if k > 0:
                 prev = path[k - 1]
-                add(Edge(fwd[k - 1], fwd[k], LOCAL if rank[prev] == rank[s] else ACTIVATION, model[prev]))
-            add(Edge(fwd[k], bwd[k], LOCAL, ms))
+                add(new(Edge, (fwd[k - 1], fwd[k], LOCAL if rank[prev] == rank[s] else ACTIVATION, model[prev])))
+            add(new(Edge, (fwd[k], bwd[k], LOCAL, ms)))
             if k < last:
-                add(Edge(bwd[k + 1], bwd[k], LOCAL if rank[path[k + 1]] == rank[s] else GRADIENT, ms))
+                add(new(Edge, (bwd[k + 1], bwd[k], LOCAL if rank[path[k + 1]] == rank[s] else GRADIENT, ms)))
             if split[k]:
-                add(Edge(bwd[k], index[(W, mb, s)], LOCAL, ms))
+                add(new(Edge, (bwd[k], index[(W, mb, s)], LOCAL, ms)))
     return edges
 
 
@@ -134,20 +150,25 @@ def build_graph(schedule: Schedule) -> TaskGraph:
             unit_rank.append(rank)
         rank_units.append(ids)
     index = {t: i for i, t in enumerate(tasks)}
-    edges = derive_edges(schedule, index)
-    inputs: list[list[int]] = [[] for _ in tasks]
-    outputs: list[list[int]] = [[] for _ in tasks]
+    return TaskGraph(schedule, tasks, index, task_unit, units, unit_rank, rank_units, derive_edges(schedule, index), [])
+
+
+def _edge_lists(n_tasks: int, edges: list[Edge]) -> tuple[list[list[int]], list[list[int]]]:
+    """Per task, the ids of the edges into it and out of it, in edge order."""
+    inputs: list[list[int]] = [[] for _ in range(n_tasks)]
+    outputs: list[list[int]] = [[] for _ in range(n_tasks)]
     for i, e in enumerate(edges):
         inputs[e.dst].append(i)
         outputs[e.src].append(i)
-    return TaskGraph(schedule, tasks, index, task_unit, units, unit_rank, rank_units,
-                     edges, inputs, outputs, [])
+    return inputs, outputs
 
 
 def to_networkx(graph: TaskGraph) -> nx.DiGraph:
     """Tasks as nodes; data edges (`kind`: local/activation/gradient) and program-order
     edges (`kind`: program) between consecutive units of a rank. A data edge that is
     also program order keeps its data kind and gets `program=True`."""
+    import networkx as nx  # here, not at the top: importing it costs more than compiling a graph
+
     g = nx.DiGraph()
     for i, task in enumerate(graph.tasks):
         g.add_node(task, rank=graph.unit_rank[graph.task_unit[i]], unit=graph.task_unit[i])

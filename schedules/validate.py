@@ -11,10 +11,11 @@ import gc
 from contextlib import contextmanager
 from typing import Iterator
 
-import networkx as nx
+import numpy as np
 
 from .graph import TaskGraph, build_graph, unit_label
 from .ir import B, BW, F, OPS, W, Overlap, Schedule, ScheduleError, unit_tasks
+from .timeline import graph_waves
 
 
 def _is_count(value: object) -> bool:
@@ -37,7 +38,45 @@ def check_structure(s: Schedule) -> None:
         if not _is_count(st.model_stage) or st.model_stage < 0:
             raise ScheduleError(f"virtual stage {i} has model_stage {st.model_stage!r}, need an integer >= 0")
     _check_paths(s)
-    _check_programs(s)
+    if not _programs_are_sound(s):
+        _check_programs(s)  # names the first problem
+
+
+def _programs_are_sound(s: Schedule) -> bool:
+    """True when `_check_programs` would find nothing, checked on arrays; False says only
+    that something is wrong (`_check_programs` then finds what)."""
+    items = [(rank, item) for rank, program in enumerate(s.programs) for item in program]
+    if any(isinstance(item, Overlap) and item.first == item.second for _, item in items):
+        return False
+    tasks = [(rank, t) for rank, item in items for t in unit_tasks(item)]
+    if not tasks:
+        return False
+    ranks, flat = zip(*tasks)
+    ops, mbs, stages = zip(*flat)
+    if not (all(type(x) is int for x in mbs) and all(type(x) is int for x in stages)):
+        return False
+    bits = [_BIT.get(op, 0) for op in ops]
+    if 0 in bits:
+        return False
+    mb, stage, bit = np.asarray(mbs), np.asarray(stages), np.asarray(bits)
+    n_stages, m = len(s.stages), s.microbatches
+    if mb.min() < 0 or mb.max() >= m or stage.min() < 0 or stage.max() >= n_stages:
+        return False
+    if not (np.asarray([st.rank for st in s.stages])[stage] == np.asarray(ranks)).all():
+        return False
+    visits = np.zeros((len(s.paths), n_stages), dtype=bool)
+    for p, path in enumerate(s.paths):
+        visits[p, path] = True
+    mb_path = np.asarray(s.microbatch_paths)
+    if not visits[mb_path[mb], stage].all():
+        return False
+    cell = mb * n_stages + stage
+    if len(np.unique(cell * 16 + bit)) != len(cell):  # an op twice
+        return False
+    have = np.zeros(m * n_stages, dtype=np.int64)
+    np.bitwise_or.at(have, cell, bit)
+    needed = visits[mb_path].ravel()  # every (microbatch, virtual stage) on its path
+    return bool(np.isin(have[needed], (1 | 8, 1 | 2 | 4)).all())
 
 
 def _check_paths(s: Schedule) -> None:
@@ -106,36 +145,27 @@ def _check_programs(s: Schedule) -> None:
 
 
 def topological_units(graph: TaskGraph) -> tuple[list[int], list[tuple[int, int]]]:
-    """Kahn's algorithm over units: (order, residual). The residual unit edges are empty
-    unless some units can never start, which is a deadlock."""
-    n = len(graph.units)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    indeg = [0] * n
-    for ids in graph.rank_units:
-        for a, b in zip(ids, ids[1:]):
-            succ[a].append(b)
-            indeg[b] += 1
-    for e in graph.edges:
-        a, b = graph.task_unit[e.src], graph.task_unit[e.dst]
-        succ[a].append(b)
-        indeg[b] += 1
-    ready = [u for u in range(n) if indeg[u] == 0]
-    order: list[int] = []
-    while ready:
-        u = ready.pop()
-        order.append(u)
-        for v in succ[u]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    if len(order) == n:
+    """(order, residual): a topological order of the units (wave by wave, see
+    `schedules.timeline`) and the unit edges among the units left out, which are empty
+    unless some units can never start: a deadlock."""
+    waves = graph_waves(graph)
+    order = waves.order.tolist()
+    if waves.complete:
         return order, []
-    done = set(order)
-    return order, [(u, v) for u in range(n) if u not in done for v in succ[u] if v not in done]
+    left = np.ones(len(graph.units), dtype=bool)
+    left[waves.order] = False
+    prev = waves.prev
+    col = graph.columns()
+    a = np.concatenate((prev[prev >= 0], col["unit"][col["edge_src"]]))
+    b = np.concatenate((np.flatnonzero(prev >= 0), col["unit"][col["edge_dst"]]))
+    keep = left[a] & left[b]
+    return order, list(zip(a[keep].tolist(), b[keep].tolist()))
 
 
 def describe_cycle(graph: TaskGraph, residual: list[tuple[int, int]], limit: int = 16) -> str:
     """The cycle as 'rank r: op' steps, back to its start; long cycles are elided."""
+    import networkx as nx  # only to spell out a deadlock; importing it costs more than validating
+
     cycle = [u for u, _ in nx.find_cycle(nx.DiGraph(residual))]
     steps = [f"rank {graph.unit_rank[u]}: {unit_label(graph, u)}" for u in cycle + cycle[:1]]
     if len(steps) > limit:

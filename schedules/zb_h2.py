@@ -10,15 +10,17 @@ Constraints: p >= 1, m >= 1.
 """
 from __future__ import annotations
 
-from .greedy import PREFERENCES, OpTime, Rule, fastest, play, unit_times
-from .ir import Schedule, check_positive, looped_stages, uniform_paths
+from .greedy import PREFERENCES, OpTime, Rule, equal_durations, fastest, play, unit_times
+from .ir import B, F, W, Schedule, check_positive, looped_stages, uniform_paths
 
 
 def build_zb_h2(ranks: int, microbatches: int, op_time: OpTime | None = None) -> Schedule:
     check_positive("zb-h2", ranks=ranks, microbatches=microbatches)
     stages = looped_stages(ranks, 1)
     paths, mb_paths = uniform_paths(stages, microbatches)
-    tuned = op_time is not None or microbatches < ranks
+    # with equal op times and m >= p the alternating order is at the lower bound (start skew plus
+    # one rank's work), so a search would return it, the first candidate (see equal_durations)
+    tuned = microbatches < ranks or (op_time is not None and not equal_durations(op_time, (F, B, W), ranks))
     candidates = [play("zb-h2", ranks, microbatches, stages, paths, mb_paths,
                        Rule(memory_limit=lambda r: 2 * ranks - 1, prefer=prefer), op_time)
                   for prefer in (PREFERENCES if tuned else PREFERENCES[:1])]

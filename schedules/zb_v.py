@@ -15,7 +15,7 @@ Constraints: p >= 1, m >= 1 (v is always 2).
 """
 from __future__ import annotations
 
-from .greedy import PREFERENCES, OpTime, Rule, fastest, play, unit_times
+from .greedy import PREFERENCES, OpTime, Rule, equal_durations, fastest, play, unit_times
 from .ir import B, F, W, Schedule, Task, check_positive, uniform_paths, v_stages
 
 
@@ -60,8 +60,10 @@ def build_zb_v(ranks: int, microbatches: int, op_time: OpTime | None = None) -> 
     paths, mb_paths = uniform_paths(stages, microbatches)
     published = Schedule("zb-v", ranks, microbatches, stages, paths, mb_paths,
                          published_order(ranks, microbatches), {"v": 2})
-    if op_time is None and microbatches >= 2 * ranks - 1:
-        return published  # already at the start-skew lower bound
+    if microbatches >= 2 * ranks - 1 and (op_time is None or equal_durations(op_time, (F, B, W), 2 * ranks)):
+        # at the lower bound, (p-1) forwards of skew plus one rank's work, so no candidate beats it
+        # and a search would return it (the first candidate wins ties); see equal_durations
+        return published
     greedy = [play("zb-v", ranks, microbatches, stages, paths, mb_paths,
                    Rule(memory_limit=lambda r: ranks, prefer=prefer), op_time, {"v": 2})
               for prefer in PREFERENCES]

@@ -13,15 +13,17 @@ from .exact import longest_path
 from .timing import resolve, to_trace
 from .trace import Trace
 
-ENGINES = ("des", "exact")
+ENGINES = ("auto", "des", "exact")
 
 
-def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "des", **options) -> Trace:
+def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "auto", **options) -> Trace:
     """Predict the timeline of `schedule` under `costs` (seconds, bytes).
 
     engine "des" runs the discrete-event simulation (simulator.des); "exact" computes
     the longest path (simulator.exact), which cannot share compute between ranks
-    (`costs.host`). Both give the same Trace for the same inputs.
+    (`costs.host`). Both give the same Trace for the same inputs (to 1e-9), so "auto"
+    runs the exact engine, much the faster, unless ranks share compute. The Trace's
+    meta names the engine that ran ("engine") and, for "auto", that it was chosen.
     options: noise_cv and rng (see simulator.timing.resolve).
 
     The schedule is validated (ScheduleError) and the cost model checked (CostError)
@@ -47,8 +49,12 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "de
 
 def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Trace:
     timing = resolve(graph, costs, **{k: v for k, v in options.items() if k in ("noise_cv", "rng")})
-    timeline = longest_path(graph, timing) if engine == "exact" else run_des(graph, timing, costs.host)
     meta = {"engine": engine}
+    if engine == "auto":
+        engine = "des" if costs.host is not None else "exact"
+        meta = {"engine": engine, "engine_choice": "auto: " + (
+            "ranks share compute" if engine == "des" else "no ranks share compute; the DES gives the same timeline")}
+    timeline = longest_path(graph, timing) if engine == "exact" else run_des(graph, timing, costs.host)
     if costs.host is not None:
         meta["shared_compute"] = {"capacity": costs.host.capacity, "compute_demand": costs.host.compute_demand,
                                   "wait_demand": costs.host.wait_demand}

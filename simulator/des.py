@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Generator
 
+import numpy as np
 import simpy
 
 from pipesched.schedules.graph import TaskGraph
@@ -45,15 +46,20 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
     unit_end = [0.0] * n_units
     edge_start = [math.nan] * n_edges
     edge_end = [math.nan] * n_edges
-    arrived = [Arrival(env) if link >= 0 else None for link in timing.edge_link]
+    # plain lists: simpy steps one op at a time, and list items are faster than numpy scalars
+    edge_link, edge_time = timing.edge_link.tolist(), timing.edge_time.tolist()
+    task_time, unit_time, task_offset = timing.task_time.tolist(), timing.unit_time.tolist(), timing.task_offset.tolist()
+    arrived = [Arrival(env) if link >= 0 else None for link in edge_link]
     link_free = [0.0] * len(timing.links)
-    edge_link, edge_time = timing.edge_link, timing.edge_time
     contention, blocking = timing.contention, timing.blocking_sends
-
-    pre, post, offset, take = timing.unit_pre, timing.unit_post, timing.edge_offset, timing.unit_take
+    if timing.host is not None:
+        h = timing.host
+        pre, post, offset, take = h.pre.tolist(), h.post.tolist(), h.send_offset.tolist(), h.take.tolist()
+    else:
+        pre = post = offset = take = None
     task_start = [0.0] * len(graph.tasks)
     task_end = [0.0] * len(graph.tasks)
-    serial = timing.serial_pairs and timing.task_offset is not None
+    serial = timing.serial_pairs
 
     def send(e: int) -> Arrival:
         now = env.now
@@ -93,18 +99,18 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
             if serial and len(members) == 2:  # one op, its sends, the other op, its sends
                 a, b = members
                 task_start[a] = env.now
-                yield busy(r, timing.task_time[a])
+                yield busy(r, task_time[a])
                 task_end[a] = env.now
                 sent += [send(e) for e in outputs[a] if edge_link[e] >= 0]
-                between = timing.task_offset[b] - timing.task_time[a]
+                between = task_offset[b] - task_time[a]
                 if between > 0:
                     yield busy(r, between)
                 task_start[b] = env.now
-                yield busy(r, timing.task_time[b])
+                yield busy(r, task_time[b])
                 task_end[b] = env.now
                 sent += [send(e) for e in outputs[b] if edge_link[e] >= 0]
             else:
-                yield busy(r, timing.unit_time[u])
+                yield busy(r, unit_time[u])
                 for t in members:
                     task_start[t], task_end[t] = unit_start[u], env.now
                 sent = [send(e) for t in members for e in outputs[t] if edge_link[e] >= 0]
@@ -121,4 +127,4 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
     for r in range(graph.schedule.ranks):
         env.process(rank(r))
     env.run()
-    return Timeline(unit_start, unit_end, edge_start, edge_end, task_start, task_end)
+    return Timeline(*map(np.asarray, (unit_start, unit_end, edge_start, edge_end, task_start, task_end)))

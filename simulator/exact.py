@@ -1,98 +1,138 @@
-"""The exact engine: the makespan as the longest path of the task graph.
+"""The exact engine: the timeline as the longest path of the task graph, on arrays.
 
-For deterministic costs the timeline is a longest-path computation over the units in
-topological order: a unit starts when its rank is free and every input has arrived.
-Transfers on a directed link are served in the order the sender issues them, and a
-rank issues sends in program order, so FIFO link contention is static too and stays
-inside the longest path. Blocking sends hold the sender until the transfer ends. Host
-time outside ops (`Timing.unit_pre`, `unit_post`) occupies the rank before and after a
-unit; a transfer starts once its send is posted (`edge_offset` after the unit's end).
+For deterministic costs every start time is a longest path over the units: a unit
+starts when its rank is free and every input has arrived. Transfers on a directed link
+are served in the order the sender issues them, and a rank issues sends in program
+order, so FIFO link contention is static too and stays inside the longest path.
+Blocking sends hold the sender until the transfer ends. Host time outside ops
+(`Timing.host`) occupies the rank before and after a unit; a transfer leaves once its
+send is posted.
+
+The units are walked in waves (`schedules.timeline`): a wave holds at most one unit per
+rank, so each wave is a handful of numpy operations on contiguous slices (units are
+renumbered in wave order, inputs and outputs sorted to match). A link has one sender,
+so within a wave it carries the sends of one unit; a unit's several sends on one link
+go out in turn, one numpy step each.
 """
 from __future__ import annotations
 
-import math
+import numpy as np
 
 from pipesched.schedules.graph import TaskGraph
+from pipesched.schedules.timeline import graph_waves
 
 from .timing import Timeline, Timing
 
 
+class _Layout:
+    """The graph renumbered for the walk. Units by position in wave order; an arrival
+    slot per edge: first local edges, then transfers, each sorted by when their producer
+    runs (transfers by (wave, turn): a unit's turn-th send on its link)."""
+
+    def __init__(self, graph: TaskGraph, timing: Timing):
+        waves = graph_waves(graph)
+        if not waves.complete:
+            raise ValueError("graph has no topological order: validate the schedule first")
+        col = graph.columns()
+        n_units = len(graph.units)
+        self.order, self.bounds = waves.order, waves.bounds.tolist()
+        position = np.empty(n_units, dtype=np.int64)
+        position[self.order] = np.arange(n_units)
+        wave = np.empty(n_units, dtype=np.int64)
+        wave[self.order] = np.repeat(np.arange(len(waves)), np.diff(waves.bounds))
+        prev = waves.prev[self.order]
+        self.prev = np.where(prev >= 0, position[np.maximum(prev, 0)], n_units)  # n_units: "rank free at 0"
+
+        src, dst = col["edge_src"], col["edge_dst"]
+        src_pos, dst_pos = position[col["unit"][src]], position[col["unit"][dst]]
+        ready_offset, ready_len = timing.task_offset[src], timing.task_len[src]
+        local = timing.edge_link < 0
+        n_edges = len(src)
+        # local edges by producer position
+        loc = np.flatnonzero(local)
+        loc = loc[_sorted_by(src_pos[loc], loc, n_edges)]
+        self.local_bounds = np.searchsorted(wave[col["unit"][src[loc]]], np.arange(len(waves) + 1)).tolist()
+        self.local_src, self.local_offset, self.local_len = src_pos[loc], ready_offset[loc], ready_len[loc]
+        # transfers: a unit's sends go out in task order, then edge order; turn = rank among its sends on a link
+        xfer = np.flatnonzero(~local)
+        unit_link = col["unit"][src[xfer]] * (len(timing.links) + 1) + timing.edge_link[xfer]
+        size = np.bincount(col["unit"], minlength=n_units)
+        member = src[xfer] - (np.cumsum(size) - size)[col["unit"][src[xfer]]]  # its task's place in the unit
+        xfer = xfer[_sorted_by(unit_link * int(size.max(initial=1)) + member, xfer, n_edges)]
+        unit_link = col["unit"][src[xfer]] * (len(timing.links) + 1) + timing.edge_link[xfer]
+        turn = np.arange(len(xfer)) - np.searchsorted(unit_link, unit_link)
+        self.turns = int(turn.max(initial=0)) + 1
+        group = wave[col["unit"][src[xfer]]] * self.turns + turn
+        xfer = self.sends = xfer[_sorted_by(group, np.arange(len(xfer)), len(xfer))]
+        self.send_bounds = np.searchsorted(np.sort(group), np.arange(len(waves) * self.turns + 1)).tolist()
+        send_offset = timing.host.send_offset[xfer] if timing.host is not None else np.zeros(len(xfer))
+        self.send_src, self.send_link, self.send_time = src_pos[xfer], timing.edge_link[xfer], timing.edge_time[xfer]
+        self.send_offset, self.send_len, self.send_posted = ready_offset[xfer], ready_len[xfer], send_offset
+        # arrival slots: local edges, then transfers, then one that never holds anything up
+        slot = np.empty(n_edges, dtype=np.int64)
+        slot[loc] = np.arange(len(loc))
+        slot[xfer] = len(loc) + np.arange(len(xfer))
+        self.n_slots, self.first_send_slot = len(loc) + len(xfer) + 1, len(loc)
+        # per unit (by position) its inputs' slots, padded with the idle slot
+        by_dst = _sorted_by(dst_pos, np.arange(n_edges), n_edges)
+        column = np.arange(n_edges) - np.searchsorted(dst_pos[by_dst], dst_pos[by_dst])
+        self.inputs = np.full((n_units, int(column.max(initial=-1)) + 1), self.n_slots - 1, dtype=np.int64)
+        self.inputs[dst_pos[by_dst], column] = slot[by_dst]
+
+
+def _sorted_by(key: np.ndarray, tie: np.ndarray, tie_range: int) -> np.ndarray:
+    """The order that sorts by `key`, then by `tie` (distinct values in 0..tie_range-1): one
+    unstable sort of a composite key, much faster than a stable or lexicographic one."""
+    return np.argsort(key.astype(np.int64) * tie_range + tie)
+
+
 def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
     """Earliest start and end of every unit, task and transfer (seconds)."""
-    if not graph.topo_units and graph.units:
-        raise ValueError("graph has no topological order: validate the schedule first")
-    n_units, n_edges, n_tasks = len(graph.units), len(graph.edges), len(graph.tasks)
-    unit_start = [0.0] * n_units
-    unit_end = [0.0] * n_units
-    task_start = [0.0] * n_tasks
-    task_end = [0.0] * n_tasks
-    edge_start = [math.nan] * n_edges
-    edge_end = [math.nan] * n_edges
-    arrival = [0.0] * n_edges
-    rank_free = [0.0] * graph.schedule.ranks
-    link_free = [0.0] * len(timing.links)
-    units, unit_rank = graph.units, graph.unit_rank
-    inputs, outputs = graph.task_inputs, graph.task_outputs
-    unit_time, edge_time, edge_link = timing.unit_time, timing.edge_time, timing.edge_link
-    contention, blocking = timing.contention, timing.blocking_sends
-    no_host = [0.0] * n_units
-    pre, post, take = timing.unit_pre or no_host, timing.unit_post or no_host, timing.unit_take or no_host
-    offset = timing.edge_offset or [0.0] * n_edges
-    task_offset, task_len = timing.task_offset, timing.task_len
-    for u in graph.topo_units:
-        r = unit_rank[u]
-        t = rank_free[r] + pre[u]
-        members = units[u]
-        for task in members:
-            for e in inputs[task]:
-                if arrival[e] > t:
-                    t = arrival[e]
-        t += take[u]
-        end = t + unit_time[u]
-        unit_start[u] = t
-        unit_end[u] = end
-        free = end + post[u]
-        for task in members:
-            if task_offset is None:
-                task_start[task], ready = t, end
-            else:
-                task_start[task] = t + task_offset[task]
-                ready = task_start[task] + task_len[task]
-            task_end[task] = ready
-            for e in outputs[task]:
-                link = edge_link[e]
-                if link < 0:
-                    arrival[e] = ready
-                    continue
-                s = ready + offset[e]
-                if contention and link_free[link] > s:
-                    s = link_free[link]
-                f = s + edge_time[e]
-                link_free[link] = f
-                edge_start[e] = s
-                edge_end[e] = arrival[e] = f
-                if blocking and f > free:
-                    free = f
-        rank_free[r] = free
-    return Timeline(unit_start, unit_end, edge_start, edge_end, task_start, task_end)
-
-
-def makespan_under(schedule, op_time) -> float:
-    """Makespan of `schedule` when op X of model stage k (of S) takes op_time(X, k, S)
-    seconds, pairs run serially and transfers are free. Builders use it to choose
-    between candidate orders."""
-    from pipesched.schedules.validate import validate
-
-    graph = validate(schedule)
-    num_model = schedule.num_model_stages
-    model = [st.model_stage for st in schedule.stages]
-    task_time = [op_time(t.op, model[t.stage], num_model) for t in graph.tasks]
-    return max(free_transfer_timeline(graph, task_time).unit_end, default=0.0)
-
-
-def free_transfer_timeline(graph: TaskGraph, task_time: list[float]) -> Timeline:
-    """The timeline when task t takes task_time[t] seconds, the ops of a pair run one
-    after the other and transfers take no time."""
-    unit_time = [sum(task_time[t] for t in members) for members in graph.units]
-    none = [0.0] * len(graph.edges)
-    return longest_path(graph, Timing(task_time, unit_time, none, none, [-1] * len(graph.edges), [], False, False, []))
+    lay = _Layout(graph, timing)
+    n_units, order = len(graph.units), lay.order
+    host = timing.host
+    pre, take, post = ((host.pre[order], host.take[order], host.post[order]) if host is not None else (None,) * 3)
+    unit_time = timing.unit_time[order]
+    start = np.zeros(n_units)
+    free = np.zeros(n_units + 1)  # when each unit's rank may start its next one; [-1]: 0, before a rank's first
+    arrival = np.full(lay.n_slots, -np.inf)
+    send_start = np.zeros(len(lay.sends))
+    link_free = np.zeros(len(timing.links))
+    inputs, has_inputs = lay.inputs, lay.inputs.shape[1] > 0
+    bounds, local_bounds, send_bounds, turns = lay.bounds, lay.local_bounds, lay.send_bounds, lay.turns
+    contention, blocking, s0 = timing.contention, timing.blocking_sends, lay.first_send_slot
+    for k in range(len(bounds) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        t = free[lay.prev[lo:hi]]
+        if host is not None:
+            t = t + pre[lo:hi]
+        if has_inputs:
+            t = np.maximum(t, arrival[inputs[lo:hi]].max(axis=1))
+        if host is not None:
+            t = t + take[lo:hi]
+        start[lo:hi] = t
+        free[lo:hi] = t + unit_time[lo:hi] + post[lo:hi] if host is not None else t + unit_time[lo:hi]
+        a, b = local_bounds[k], local_bounds[k + 1]
+        if b > a:  # a local input is there when its task ends
+            arrival[a:b] = start[lay.local_src[a:b]] + lay.local_offset[a:b] + lay.local_len[a:b]
+        for g in range(k * turns, (k + 1) * turns):
+            a, b = send_bounds[g], send_bounds[g + 1]
+            if b == a:
+                continue
+            s = start[lay.send_src[a:b]] + lay.send_offset[a:b] + lay.send_len[a:b] + lay.send_posted[a:b]
+            link = lay.send_link[a:b]
+            if contention:
+                s = np.maximum(s, link_free[link])
+            f = s + lay.send_time[a:b]
+            link_free[link] = f
+            send_start[a:b], arrival[s0 + a:s0 + b] = s, f
+            if blocking:
+                np.maximum.at(free, lay.send_src[a:b], f)
+    unit_start = np.empty(n_units)
+    unit_start[order] = start
+    edge_start = np.full(len(graph.edges), np.nan)
+    edge_end = np.full(len(graph.edges), np.nan)
+    edge_start[lay.sends], edge_end[lay.sends] = send_start, arrival[s0:s0 + len(lay.sends)]
+    task_start = unit_start[graph.columns()["unit"]] + timing.task_offset
+    return Timeline(unit_start, unit_start + timing.unit_time, edge_start, edge_end, task_start,
+                    task_start + timing.task_len)

@@ -12,10 +12,12 @@ and bytes.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from pipesched.schedules.graph import LOCAL, TaskGraph
-from pipesched.schedules.ir import B, BW, F, W
+from pipesched.schedules.ir import B, F, OPS, W
 
 from .costs import StageCost
 
@@ -28,63 +30,80 @@ def resident_bytes(graph: TaskGraph, stage_costs: list[StageCost]) -> list[float
     return held
 
 
-def buffer_intervals(graph: TaskGraph, edge_bytes: list[float], posts: list[int], unit_start: list[float],
-                     unit_end: list[float], edge_end: list[float]) -> list[tuple[int, float, float, float]]:
-    """(rank, from, to, bytes) of every communication and hand-over buffer; `posts`: per
-    edge, the receiver's unit its receive is posted before (`simulator.posting`)."""
-    out = []
-    for e, edge in enumerate(graph.edges):
-        nbytes = edge_bytes[e]
-        if not nbytes:
-            continue
-        producer, consumer = graph.task_unit[edge.src], graph.task_unit[edge.dst]
-        src_rank, dst_rank = graph.unit_rank[producer], graph.unit_rank[consumer]
-        if edge.kind == LOCAL:
-            out.append((src_rank, unit_end[producer], unit_start[consumer], nbytes))
-            continue
-        out.append((src_rank, unit_end[producer], edge_end[e], nbytes))
-        at = posts[e]
-        posted = unit_end[graph.rank_units[dst_rank][at - 1]] if at > 0 else 0.0
-        out.append((dst_rank, min(posted, unit_start[consumer]), unit_start[consumer], nbytes))
-    return out
+class Buffers(NamedTuple):
+    """Communication and hand-over buffers: buffer i holds nbytes[i] bytes on rank[i]
+    from start[i] to end[i] (seconds)."""
+
+    rank: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    nbytes: np.ndarray
 
 
-def memory_samples(graph: TaskGraph, stage_costs: list[StageCost], task_start: list[float],
-                   task_end: list[float], buffers: list[tuple[int, float, float, float]] | None = None
-                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+def buffer_intervals(graph: TaskGraph, edge_bytes: np.ndarray, posts: np.ndarray, unit_start: np.ndarray,
+                     unit_end: np.ndarray, edge_end: np.ndarray) -> Buffers:
+    """Every communication and hand-over buffer, edge by edge (a transfer's sender side,
+    then its receiver side); `posts`: per edge, the receiver's unit its receive is
+    posted before (`simulator.posting`)."""
+    col = graph.columns()
+    unit_start, unit_end, edge_end = np.asarray(unit_start), np.asarray(unit_end), np.asarray(edge_end)
+    edges = np.flatnonzero(np.asarray(edge_bytes) != 0)
+    producer, consumer = col["unit"][col["edge_src"][edges]], col["unit"][col["edge_dst"][edges]]
+    src_rank, dst_rank = col["rank"][col["edge_src"][edges]], col["rank"][col["edge_dst"][edges]]
+    nbytes = np.asarray(edge_bytes, dtype=float)[edges]
+    xfer = col["edge_kind"][edges] != LOCAL
+    held_to = np.where(xfer, edge_end[edges], unit_start[consumer])  # a hand-over until its consumer starts
+    first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
+    at = np.asarray(posts)[edges[xfer]]
+    # posted after the unit before position `at` (units of a rank are consecutive ids), or at the start
+    posted = np.where(at > 0, unit_end[first[dst_rank[xfer]] + at - 1], 0.0)
+    recv_start = np.minimum(posted, unit_start[consumer[xfer]])
+    key = np.concatenate((2 * np.arange(len(edges)), 2 * np.flatnonzero(xfer) + 1))
+    order = np.argsort(key, kind="stable")
+
+    def both(sent, received):
+        return np.concatenate((sent, received))[order]
+
+    return Buffers(both(src_rank, dst_rank[xfer]), both(unit_end[producer], recv_start),
+                   both(held_to, unit_start[consumer[xfer]]), both(nbytes, nbytes[xfer]))
+
+
+def memory_samples(graph: TaskGraph, stage_costs: list[StageCost], task_start: np.ndarray,
+                   task_end: np.ndarray, buffers: Buffers | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per rank, (times, bytes) after every change, starting with the resident bytes at t=0.
-    `buffers`: extra (rank, from, to, bytes) holdings (see `buffer_intervals`)."""
+    `buffers`: extra holdings (see `buffer_intervals`)."""
     sched = graph.schedule
-    ranks = sched.ranks
-    per_rank: list[list[tuple[float, int, float]]] = [[] for _ in range(ranks)]
-    for rank, held_from, held_to, nbytes in buffers or ():
-        per_rank[rank].append((held_from, 1, nbytes))
-        per_rank[rank].append((held_to, 0, -nbytes))
-    for t, task in enumerate(graph.tasks):
-        st = sched.stages[task.stage]
-        cost = stage_costs[st.model_stage]
-        act, keep = cost.activation_memory, cost.weight_memory
-        if task.op == F:
-            delta, when, order = act, task_start[t], 1
-        elif task.op == B:
-            delta, when, order = -(act - keep), task_end[t], 0
-        elif task.op == W:
-            delta, when, order = -keep, task_end[t], 0
-        elif task.op == BW:
-            delta, when, order = -act, task_end[t], 0
-        else:
-            continue
-        if delta:
-            per_rank[st.rank].append((when, order, delta))
+    col = graph.columns()
+    model = np.asarray([st.model_stage for st in sched.stages], dtype=np.int64)[col["stage"]]
+    act = np.asarray([c.activation_memory for c in stage_costs], dtype=float)[model]
+    keep = np.asarray([c.weight_memory for c in stage_costs], dtype=float)[model]
+    op = col["op"]
+    is_f = op == OPS.index(F)
+    delta = np.select([is_f, op == OPS.index(B), op == OPS.index(W)], [act, -(act - keep), -keep], -act)
+    when = np.where(is_f, np.asarray(task_start, dtype=float), np.asarray(task_end, dtype=float))
+    rank, kind = col["rank"], is_f.astype(np.int8)  # kind 1: an allocation, after frees at the same time
+    if buffers is not None and len(buffers.rank):
+        n = len(buffers.rank)
+        b_rank, b_when = np.repeat(buffers.rank, 2), np.empty(2 * n)
+        b_when[0::2], b_when[1::2] = buffers.start, buffers.end
+        b_delta = np.empty(2 * n)
+        b_delta[0::2], b_delta[1::2] = buffers.nbytes, -buffers.nbytes
+        b_kind = np.tile(np.array([1, 0], dtype=np.int8), n)
+        rank, when = np.concatenate((b_rank, rank)), np.concatenate((b_when, when))
+        kind, delta = np.concatenate((b_kind, kind)), np.concatenate((b_delta, delta))
+    changes = np.flatnonzero(delta != 0)
+    # by rank, time, kind (frees first), then event order: stable sorts, least significant key first
+    order = np.concatenate((changes[kind[changes] == 0], changes[kind[changes] == 1]))
+    order = order[np.argsort(when[order], kind="stable")]
+    order = order[np.argsort(rank[order].astype(np.int16 if sched.ranks < 2 ** 15 else np.int64), kind="stable")]
+    bounds = np.searchsorted(rank[order], np.arange(sched.ranks + 1))
     base = resident_bytes(graph, stage_costs)
     out = []
-    for r in range(ranks):
-        events = per_rank[r]
-        if events:
-            arr = np.asarray(events, dtype=np.float64)
-            order = np.lexsort((arr[:, 1], arr[:, 0]))
-            times = np.concatenate(([min(0.0, arr[order[0], 0])], arr[order, 0]))
-            levels = base[r] + np.concatenate(([0.0], np.cumsum(arr[order, 2])))
+    for r in range(sched.ranks):
+        mine = order[bounds[r]:bounds[r + 1]]
+        if len(mine):
+            times = np.concatenate(([min(0.0, when[mine[0]])], when[mine]))
+            levels = base[r] + np.concatenate(([0.0], np.cumsum(delta[mine])))
         else:
             times, levels = np.array([0.0]), np.array([base[r]])
         out.append((times, levels))

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from pipesched.schedules.graph import LOCAL, TaskGraph
-from pipesched.schedules.ir import OPS, Task
+from pipesched.schedules.ir import OPS
 
 from .memory import peak_bytes
 from .trace import COMPUTE, SEND, Trace
@@ -139,40 +139,76 @@ def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:
     can have held it up, so a transfer that ran concurrently on an uncontended link, or
     a send that did not block, is never taken for a cause.
     """
-    key_of = lambda i: (OPS[trace.op[i]], int(trace.mb[i]), int(trace.stage[i]))  # noqa: E731
-    comp = {key_of(i): int(i) for i in np.flatnonzero(trace.lane == COMPUTE)}
-    sends = np.flatnonzero(trace.lane == SEND)
-    xfer = {key_of(i): int(i) for i in sends}
-    span = [comp.get(t) for t in graph.tasks]
-    if None in span:
-        raise ValueError(f"trace has no span for {graph.tasks[span.index(None)]}; it does not match the schedule")
-    start, end = trace.start, trace.end
-    tolerance = 1e-9 * float(end[span].max() - start[span].min()) if span else 0.0
-    previous_unit: dict[int, int] = {b: a for ids in graph.rank_units for a, b in zip(ids, ids[1:])}
-    ahead: dict[int, int] = {}  # transfer -> the one before it on its link
-    by_link: dict[tuple[int, int], int] = {}
-    for i in sends[np.argsort(trace.start[sends], kind="stable")]:
-        link = (int(trace.rank[i]), int(trace.peer[i]))
-        if link in by_link:
-            ahead[int(i)] = by_link[link]
-        by_link[link] = int(i)
+    return _PathWalk(trace, graph).walk()
 
-    def waited_for(state: tuple[str, int]) -> list[tuple[tuple[str, int], int]]:
+
+class _PathWalk:
+    """The spans of a trace matched to the graph's tasks, and the walk back from the last op.
+    A state is ("task", task id) or ("xfer", send span index)."""
+
+    def __init__(self, trace: Trace, graph: TaskGraph):
+        self.trace, self.graph = trace, graph
+        col = graph.columns()
+        width = np.int64(max(int(trace.mb.max(initial=0)), int(col["mb"].max(initial=0))) + 1)
+        depth = np.int64(max(int(trace.stage.max(initial=0)), int(col["stage"].max(initial=0))) + 1)
+
+        def keys(op, mb, stage):  # (op, mb, stage) as one integer
+            return (op.astype(np.int64) * width + mb) * depth + stage
+
+        task_key = keys(col["op"], col["mb"], col["stage"])
+        comp = np.flatnonzero(trace.lane == COMPUTE)
+        self.span = self._lookup(keys(trace.op[comp], trace.mb[comp], trace.stage[comp]), comp, task_key)
+        if (self.span < 0).any():
+            missing = graph.tasks[int(np.flatnonzero(self.span < 0)[0])]
+            raise ValueError(f"trace has no span for {missing}; it does not match the schedule")
+        sends = np.flatnonzero(trace.lane == SEND)
+        send_key = keys(trace.op[sends], trace.mb[sends], trace.stage[sends])
+        self.send_of = self._lookup(send_key, sends, task_key).tolist()  # per task: the transfer of its output
+        by_key = np.argsort(task_key, kind="stable")
+        self.task_of_send = dict(zip(sends.tolist(), by_key[np.searchsorted(task_key[by_key], send_key)].tolist()))
+        self.ahead: dict[int, int] = {}  # send span -> the one before it on its link
+        by_link: dict[tuple[int, int], int] = {}
+        for i in sends[np.argsort(trace.start[sends], kind="stable")].tolist():
+            link = (int(trace.rank[i]), int(trace.peer[i]))
+            if link in by_link:
+                self.ahead[i] = by_link[link]
+            by_link[link] = i
+        self.start, self.end = trace.start.tolist(), trace.end.tolist()
+        span = self.span
+        self.tolerance = 1e-9 * float(trace.end[span].max() - trace.start[span].min()) if len(span) else 0.0
+        self.previous_unit = {b: a for ids in graph.rank_units for a, b in zip(ids, ids[1:])}
+        self.span = span.tolist()
+
+    @staticmethod
+    def _lookup(span_keys: np.ndarray, spans: np.ndarray, task_key: np.ndarray) -> np.ndarray:
+        """Per task, the last span with its key (-1: none)."""
+        order = np.argsort(span_keys, kind="stable")
+        sorted_keys = span_keys[order]
+        last = np.searchsorted(sorted_keys, task_key, side="right") - 1
+        found = (last >= 0) & (sorted_keys[np.maximum(last, 0)] == task_key) if len(sorted_keys) else \
+            np.zeros(len(task_key), dtype=bool)
+        return np.where(found, spans[order][np.maximum(last, 0)] if len(spans) else -1, -1)
+
+    def index_of(self, state: tuple[str, int]) -> int:
+        return self.span[state[1]] if state[0] == "task" else state[1]
+
+    def waited_for(self, state: tuple[str, int]) -> list[tuple[tuple[str, int], int]]:
         """What `state` may have waited for, each with a priority for ties (a data or
         program-order dependency wins over a blocking send)."""
         kind, ref = state
+        graph = self.graph
         if kind == "xfer":
-            out = [(("task", graph.index[Task(*key_of(ref))]), 1)]
-            return out + ([(("xfer", ahead[ref]), 1)] if ref in ahead else [])
+            out = [(("task", self.task_of_send[ref]), 1)]
+            return out + ([(("xfer", self.ahead[ref]), 1)] if ref in self.ahead else [])
         u = graph.task_unit[ref]
         out = []
         first = graph.units[u][0]
-        if first != ref and end[span[first]] <= start[span[ref]] + tolerance:
+        if first != ref and self.end[self.span[first]] <= self.start[self.span[ref]] + self.tolerance:
             out.append((("task", first), 1))  # the second op of a serial pair runs after the first
-        if u in previous_unit:
-            before = graph.units[previous_unit[u]]
+        if u in self.previous_unit:
+            before = graph.units[self.previous_unit[u]]
             out.append((("task", before[-1]), 1))
-            out += [(("xfer", xfer[graph.tasks[t]]), 0) for t in before if graph.tasks[t] in xfer]
+            out += [(("xfer", self.send_of[t]), 0) for t in before if self.send_of[t] >= 0]
         for t in graph.units[u]:
             for e in graph.task_inputs[t]:
                 edge = graph.edges[e]
@@ -180,30 +216,29 @@ def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:
                     continue
                 if edge.kind == LOCAL:
                     out.append((("task", edge.src), 1))
-                elif graph.tasks[edge.src] in xfer:
-                    out.append((("xfer", xfer[graph.tasks[edge.src]]), 1))
+                elif self.send_of[edge.src] >= 0:
+                    out.append((("xfer", self.send_of[edge.src]), 1))
         return out
 
-    def index_of(state: tuple[str, int]) -> int:
-        return span[state[1]] if state[0] == "task" else state[1]
-
-    def step(state: tuple[str, int]) -> PathStep:
+    def step(self, state: tuple[str, int]) -> PathStep:
         kind, ref = state
-        i = index_of(state)
-        op, mb, stage = key_of(i)
-        return PathStep("compute" if kind == "task" else "transfer", int(trace.rank[i]), op, mb, stage,
-                        float(trace.start[i]), float(end[i]), -1 if kind == "task" else int(trace.peer[i]))
+        i = self.index_of(state)
+        t = self.trace
+        return PathStep("compute" if kind == "task" else "transfer", int(t.rank[i]), OPS[t.op[i]], int(t.mb[i]),
+                        int(t.stage[i]), self.start[i], self.end[i], -1 if kind == "task" else int(t.peer[i]))
 
-    state = ("task", max(range(len(graph.tasks)), key=lambda t: end[span[t]]))
-    steps = [step(state)]
-    while True:
-        options = waited_for(state)
-        if not options:
-            break
-        began = float(start[index_of(state)]) + tolerance
-        # a measured trace may have nothing that ended in time (clock offsets): then the latest
-        held_up = [o for o in options if end[index_of(o[0])] <= began] or options
-        state = max(held_up, key=lambda o: (float(end[index_of(o[0])]), o[1]))[0]
-        steps.append(step(state))
-    steps.reverse()
-    return steps
+    def walk(self) -> list[PathStep]:
+        end = self.end
+        state = ("task", max(range(len(self.span)), key=lambda t: end[self.span[t]]))
+        steps = [self.step(state)]
+        while True:
+            options = self.waited_for(state)
+            if not options:
+                break
+            began = self.start[self.index_of(state)] + self.tolerance
+            # a measured trace may have nothing that ended in time (clock offsets): then the latest
+            held_up = [o for o in options if end[self.index_of(o[0])] <= began] or options
+            state = max(held_up, key=lambda o: (end[self.index_of(o[0])], o[1]))[0]
+            steps.append(self.step(state))
+        steps.reverse()
+        return steps

@@ -13,35 +13,31 @@ consumer; with lookahead < 0 all receives are posted at the start.
 """
 from __future__ import annotations
 
-from bisect import bisect_right
+import numpy as np
 
 from pipesched.schedules.graph import LOCAL, TaskGraph
-
-from .exact import free_transfer_timeline
-
-UNIT_COST = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0}
+from pipesched.schedules.timeline import UNIT_COST, unit_time_starts  # noqa: F401  (the unit-time run)
 
 
-def unit_time_starts(graph: TaskGraph) -> list[float]:
-    """Start of every unit when ops take unit time and transfers are free."""
-    return free_transfer_timeline(graph, [UNIT_COST[t.op] for t in graph.tasks]).unit_start
-
-
-def receive_posts(graph: TaskGraph, lookahead: int) -> list[int]:
+def receive_posts(graph: TaskGraph, lookahead: int) -> np.ndarray:
     """For every edge, the position in the receiver's program of the unit before which
     its receive is posted (-1 for local edges)."""
-    posts = [-1] * len(graph.edges)
-    position = {u: i for ids in graph.rank_units for i, u in enumerate(ids)}
-    starts = unit_time_starts(graph) if lookahead >= 0 else []
-    rank_starts = [[starts[u] for u in ids] for ids in graph.rank_units] if starts else []
-    for e, edge in enumerate(graph.edges):
-        if edge.kind == LOCAL:
-            continue
-        if lookahead < 0:
-            posts[e] = 0
-            continue
-        producer, consumer = graph.task_unit[edge.src], graph.task_unit[edge.dst]
-        receiver = graph.unit_rank[consumer]
-        before_producer = bisect_right(rank_starts[receiver], starts[producer]) - 1
-        posts[e] = max(0, min(position[consumer] - lookahead, before_producer))
+    col = graph.columns()
+    posts = np.full(len(graph.edges), -1, dtype=np.int64)
+    xfer = np.flatnonzero(col["edge_kind"] != LOCAL)
+    if lookahead < 0:
+        posts[xfer] = 0
+        return posts
+    starts = unit_time_starts(graph)
+    producer, consumer = col["unit"][col["edge_src"][xfer]], col["unit"][col["edge_dst"][xfer]]
+    receiver = col["rank"][col["edge_dst"][xfer]]
+    first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
+    position = consumer - first[receiver]  # a rank's units are consecutive ids, in program order
+    before_producer = np.empty(len(xfer), dtype=np.int64)
+    for r, ids in enumerate(graph.rank_units):
+        mine = np.flatnonzero(receiver == r)
+        if len(mine):
+            # the receiver's last unit starting no later than the producer, in the unit-time run
+            before_producer[mine] = np.searchsorted(starts[ids[0]:ids[-1] + 1], starts[producer[mine]], "right") - 1
+    posts[xfer] = np.maximum(0, np.minimum(position - lookahead, before_producer))
     return posts

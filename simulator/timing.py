@@ -7,46 +7,62 @@ the common Trace. Keeping these in one place is what makes the engines comparabl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from pipesched.schedules.graph import GRADIENT, LOCAL, TaskGraph
-from pipesched.schedules.ir import BW, F, W
+from pipesched.schedules.ir import BW, F, OPS, W
+
 from .costs import CostModel, StageCost
 from .memory import buffer_intervals, memory_samples
+from .posting import receive_posts
 from .trace import COMPUTE, RECV, SEND, Trace
 
 
-@dataclass
+@dataclass(frozen=True)
+class HostTime:
+    """Seconds a rank's host is busy outside ops (bookkeeping, posting transfers): it
+    cannot compute meanwhile, but the time is part of no op's span."""
+
+    pre: np.ndarray          # per unit: before it, posting the receives posted there
+    take: np.ndarray         # per unit: between its inputs' arrival and its start (taking them)
+    post: np.ndarray         # per unit: after it (bookkeeping, posting its sends)
+    send_offset: np.ndarray  # per edge: seconds after its task's end until its transfer can leave
+
+
+@dataclass(frozen=True)
 class Timing:
-    task_time: list[float]        # seconds per task, op overhead included
-    unit_time: list[float]        # seconds per unit (an overlapped pair combined)
-    edge_time: list[float]        # seconds per transfer edge; 0 for local edges
-    edge_bytes: list[float]       # payload per edge: transfers and V-turn hand-overs; 0 otherwise
-    edge_link: list[int]          # link id per edge; -1 for local edges
+    """What every task, unit and transfer of one graph costs under one cost model (seconds,
+    bytes); built complete by `resolve`. Arrays are indexed by task, unit or edge id."""
+
+    task_time: np.ndarray         # per task, op overhead included
+    unit_time: np.ndarray         # per unit: its task, or its pair run serially or overlapped
+    task_offset: np.ndarray       # per task: its start within its unit
+    task_len: np.ndarray          # per task: its span (an overlapped pair's tasks span the pair)
+    serial_pairs: bool            # a pair runs its ops one after the other
+    edge_time: np.ndarray         # per edge: transfer time; 0 for local edges
+    edge_bytes: np.ndarray        # per edge: payload of transfers and V-turn hand-overs; 0 otherwise
+    edge_link: np.ndarray         # per edge: link id; -1 for local edges
     links: list[tuple[int, int]]  # (sender, receiver) of each link id
     contention: bool
     blocking_sends: bool
     stage_costs: list[StageCost]  # per model stage
-    comm_buffers: bool = False    # count transfer and hand-over buffers in memory
-    recv_posts: list[int] | None = None     # per edge: the receiver's unit its receive is posted before
-    unit_pre: list[float] | None = None     # host seconds before each unit (posting receives)
-    unit_post: list[float] | None = None    # host seconds after each unit (bookkeeping, posting sends)
-    unit_take: list[float] | None = None    # host seconds between its inputs' arrival and its start
-    edge_offset: list[float] | None = None  # per transfer: seconds after its task's end until it is posted
-    task_offset: list[float] | None = None  # each task's start within its unit (None: all at the start)
-    task_len: list[float] | None = None     # each task's span (None: its unit's)
-    serial_pairs: bool = False              # a pair runs its ops one after the other
+    comm_buffers: bool            # count transfer and hand-over buffers in memory
+    recv_posts: np.ndarray | None  # per edge: position in the receiver's program its receive is posted before
+    host: HostTime | None          # None: no host time outside ops
 
 
 @dataclass
 class Timeline:
-    unit_start: list[float]
-    unit_end: list[float]
-    edge_start: list[float]  # transfer start (nan for local edges)
-    edge_end: list[float]    # transfer end (nan for local edges)
-    task_start: list[float] | None = None  # None: every task spans its unit
-    task_end: list[float] | None = None
+    """Start and end (seconds) of every unit, task and transfer (nan for local edges)."""
+
+    unit_start: np.ndarray
+    unit_end: np.ndarray
+    edge_start: np.ndarray
+    edge_end: np.ndarray
+    task_start: np.ndarray
+    task_end: np.ndarray
 
 
 def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
@@ -55,123 +71,158 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
     multiplied by an independent lognormal factor of mean 1 and that coefficient of
     variation (drawn from `rng`)."""
     sched = graph.schedule
+    col = graph.columns()
     stage_costs = costs.model_stage_costs(sched.ranks, sched.num_model_stages)
-    model_stage = [st.model_stage for st in sched.stages]
-    task_time = [stage_costs[model_stage[t.stage]].op_time(t.op) + costs.op_overhead for t in graph.tasks]
-    _first_backwards_keep(graph, stage_costs, task_time)
-    edge_time = [0.0] * len(graph.edges)
-    edge_bytes = [0.0] * len(graph.edges)
-    edge_link = [-1] * len(graph.edges)
-    link_ids: dict[tuple[int, int], int] = {}
-    tasks = graph.tasks
-    for i, e in enumerate(graph.edges):
-        if e.kind == LOCAL:
-            src_task, dst_task = tasks[e.src], tasks[e.dst]
-            if src_task.stage != dst_task.stage:  # a V turn hands a tensor over on the rank
-                edge_bytes[i] = _payload(stage_costs[e.boundary], src_task.op == F)
-            continue
-        src, dst = graph.edge_ranks(i)
-        nbytes = edge_bytes[i] = _payload(stage_costs[e.boundary], e.kind != GRADIENT)
-        edge_time[i] = costs.network.link(src, dst).time(nbytes)
-        edge_link[i] = link_ids.setdefault((src, dst), len(link_ids))
+    model = np.asarray([st.model_stage for st in sched.stages], dtype=np.int64)
+    op_table = np.asarray([[c.op_time(op) for op in OPS] for c in stage_costs]).reshape(-1, len(OPS))
+    task_time = op_table[model[col["stage"]], col["op"]] + costs.op_overhead
+    _first_backwards_keep(graph, stage_costs, model, task_time)
+    edge_bytes, edge_time, edge_link, links = _transfers(graph, costs, stage_costs)
     if noise_cv > 0:
         rng = rng or np.random.default_rng()
         sigma2 = np.log1p(noise_cv ** 2)
         factors = rng.lognormal(-sigma2 / 2, np.sqrt(sigma2), len(task_time) + len(edge_time))
-        task_time = list(np.asarray(task_time) * factors[:len(task_time)])
-        edge_time = list(np.asarray(edge_time) * factors[len(task_time):])
-    links = sorted(link_ids, key=link_ids.get)
-    timing = Timing(task_time, [], edge_time, edge_bytes, edge_link, links, costs.contention,
-                    costs.blocking_sends, stage_costs, costs.comm_buffers)
+        task_time = task_time * factors[:len(task_time)]
+        edge_time = edge_time * factors[len(task_time):]
+    posts = None
     if costs.comm_buffers or costs.host_overhead.per_recv:
-        from .posting import receive_posts  # posting times a unit-time run with the exact engine, which imports this
-        timing.recv_posts = receive_posts(graph, costs.recv_lookahead)
-    _units(graph, costs, timing)
-    return timing
+        posts = receive_posts(graph, costs.recv_lookahead)
+    task_host = _host_time(graph, costs, edge_link, posts) if costs.host_overhead.any else None
+    unit_time, task_offset, task_len, host = _units(graph, costs, task_time, edge_link, task_host)
+    return Timing(task_time, unit_time, task_offset, task_len, costs.overlap == 0, edge_time, edge_bytes, edge_link,
+                  links, costs.contention, costs.blocking_sends, stage_costs, costs.comm_buffers, posts, host)
 
 
-def _units(graph: TaskGraph, costs: CostModel, timing: Timing) -> None:
-    """Unit times and host time around them. A serial pair (overlap 0) runs its two
-    ops one after the other, the first one's bookkeeping and sends in between, so the
-    first op's outputs leave when it ends; an overlapped pair (overlap > 0) takes
-    `pair_time` and both ops' outputs leave at its end."""
-    task_time = timing.task_time
-    task_post, offset, pre, take = _host_time(graph, costs, timing) if costs.host_overhead.any else (None,) * 4
-    serial = costs.overlap == 0
-    unit_time, unit_post = [], []
-    task_offset, task_len = [0.0] * len(task_time), list(task_time)
-    for members in graph.units:
-        a = members[0]
-        if len(members) == 1:
-            unit_time.append(task_time[a])
-            unit_post.append(task_post[a] if task_post else 0.0)
-            continue
-        b = members[1]
-        if serial:
-            between = task_post[a] if task_post else 0.0
-            task_offset[b] = task_time[a] + between
-            unit_time.append(task_offset[b] + task_time[b])
-            unit_post.append(task_post[b] if task_post else 0.0)
-        else:
-            both = costs.pair_time(task_time[a], task_time[b])
-            task_len[a] = task_len[b] = both
-            unit_time.append(both)
-            if offset is not None:  # both ops' sends after the pair, the second's after the first's
-                for e in graph.task_outputs[b]:
-                    if timing.edge_link[e] >= 0:
-                        offset[e] += task_post[a]
-            unit_post.append(task_post[a] + task_post[b] if task_post else 0.0)
-    timing.unit_time = unit_time
-    timing.task_offset, timing.task_len, timing.serial_pairs = task_offset, task_len, serial
-    if task_post is not None:
-        timing.unit_pre, timing.unit_post, timing.edge_offset, timing.unit_take = pre, unit_post, offset, take
+def _transfers(graph: TaskGraph, costs: CostModel, stage_costs: list[StageCost]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """Per edge: bytes, transfer time and link id (-1: local), and the links' (sender, receiver).
+    A transfer carries the activation forward or the gradient backward at its boundary; a
+    local edge between two virtual stages (a V turn) hands the same tensor over on the rank."""
+    col = graph.columns()
+    kind, boundary = col["edge_kind"], col["edge_boundary"]
+    activation = np.asarray([c.activation_bytes for c in stage_costs], dtype=float)
+    gradient = np.asarray([c.activation_bytes if c.gradient_bytes is None else c.gradient_bytes
+                           for c in stage_costs], dtype=float)
+    local = kind == LOCAL
+    forward = np.where(local, col["op"][col["edge_src"]] == OPS.index(F), kind != GRADIENT)
+    nbytes = np.where(forward, activation[boundary], gradient[boundary])
+    turn = col["stage"][col["edge_src"]] != col["stage"][col["edge_dst"]]
+    edge_bytes = np.where(~local | turn, nbytes, 0.0)
+    sender, receiver = col["rank"][col["edge_src"]].astype(np.int64), col["rank"][col["edge_dst"]].astype(np.int64)
+    edge_time = np.zeros(len(kind))
+    edge_link = np.full(len(kind), -1, dtype=np.int64)
+    xfer = np.flatnonzero(~local)
+    if len(xfer):
+        net = costs.network
+        far = np.zeros(len(xfer), dtype=bool)
+        if net.ranks_per_node is not None and net.inter is not None:
+            far = sender[xfer] // net.ranks_per_node != receiver[xfer] // net.ranks_per_node
+        b = edge_bytes[xfer]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for link, where in ((net.intra, ~far), (net.inter, far)):
+                if link is not None and where.any():
+                    edge_time[xfer[where]] = link.latency + np.where(b[where] != 0, b[where] / link.bandwidth, 0.0)
+        pair = sender[xfer] * graph.schedule.ranks + receiver[xfer]
+        keys, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        rank_of_key = np.empty(len(keys), dtype=np.int64)
+        rank_of_key[np.argsort(first, kind="stable")] = np.arange(len(keys))  # ids in order of first use
+        edge_link[xfer] = rank_of_key[inverse.ravel()]
+        by_id = keys[np.argsort(rank_of_key)]
+        links = [(int(k) // graph.schedule.ranks, int(k) % graph.schedule.ranks) for k in by_id]
+    else:
+        links = []
+    return edge_bytes, edge_time, edge_link, links
 
 
-def _first_backwards_keep(graph: TaskGraph, stage_costs: list[StageCost], task_time: list[float]) -> None:
+def _units(graph: TaskGraph, costs: CostModel, task_time: np.ndarray, edge_link: np.ndarray,
+           task_host: _TaskHostTime | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, HostTime | None]:
+    """Unit times, each task's offset and span within its unit, and the host time per
+    unit. A serial pair (overlap 0) runs its two ops one after the other, the first
+    one's bookkeeping and sends in between, so the first op's outputs leave when it
+    ends; an overlapped pair (overlap > 0) takes `pair_time` and both ops' outputs leave
+    at its end, the second's sends posted after the first's."""
+    col = graph.columns()
+    size = np.bincount(col["unit"], minlength=len(graph.units))
+    first = np.cumsum(size) - size  # a unit's tasks are consecutive ids
+    pair = np.flatnonzero(size == 2)
+    a, b = first[pair], first[pair] + 1
+    task_post = task_host.post if task_host is not None else np.zeros(len(task_time))
+    unit_time = task_time[first].copy()
+    unit_post = task_post[first].copy()
+    task_offset, task_len = np.zeros(len(task_time)), task_time.copy()
+    if costs.overlap == 0:
+        task_offset[b] = task_time[a] + task_post[a]
+        unit_time[pair] = task_offset[b] + task_time[b]
+        unit_post[pair] = task_post[b]
+    else:
+        both = task_time[a] + task_time[b] - costs.overlap * np.minimum(task_time[a], task_time[b])
+        task_len[a] = task_len[b] = unit_time[pair] = both
+        unit_post[pair] = task_post[a] + task_post[b]
+        if task_host is not None:
+            second = np.zeros(len(task_time), dtype=bool)
+            second[b] = True
+            moved = second[col["edge_src"]] & (edge_link >= 0)
+            task_host.send_offset[moved] += task_post[col["edge_src"][moved] - 1]
+    if task_host is None:
+        return unit_time, task_offset, task_len, None
+    return unit_time, task_offset, task_len, HostTime(task_host.pre, task_host.take, unit_post, task_host.send_offset)
+
+
+def _first_backwards_keep(graph: TaskGraph, stage_costs: list[StageCost], model: np.ndarray,
+                          task_time: np.ndarray) -> None:
     """The first W or BW of each model stage on each rank keeps its weight gradients
     instead of adding them up: it takes `grad_accumulate` less."""
-    if not any(c.grad_accumulate for c in stage_costs):
+    keep = np.asarray([c.grad_accumulate for c in stage_costs], dtype=float)
+    if not keep.any():
         return
-    stages = graph.schedule.stages
-    seen: set[tuple[int, int]] = set()
-    for rank, ids in enumerate(graph.rank_units):
-        for u in ids:
-            for t in graph.units[u]:
-                task = graph.tasks[t]
-                if task.op in (W, BW):
-                    key = (rank, stages[task.stage].model_stage)
-                    if key not in seen:
-                        seen.add(key)
-                        task_time[t] = max(0.0, task_time[t] - stage_costs[key[1]].grad_accumulate)
+    col = graph.columns()
+    backward = np.flatnonzero(np.isin(col["op"], (OPS.index(W), OPS.index(BW))))  # task ids run in program order
+    task_model = model[col["stage"][backward]]
+    key = col["rank"][backward].astype(np.int64) * len(stage_costs) + task_model
+    _, first = np.unique(key, return_index=True)
+    t = backward[first]
+    task_time[t] = np.maximum(0.0, task_time[t] - keep[task_model[first]])
 
 
-def _host_time(graph: TaskGraph, costs: CostModel, timing: Timing
-               ) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(per task: host time after it, bookkeeping then posting each of its sends in
-    turn; per edge: when its data can leave, after its task's end; per unit: host time
-    before it, posting the receives the executor posts there; per unit: host time taking
-    its arrived inputs)."""
+class _TaskHostTime(NamedTuple):
+    """Host time as `_host_time` finds it: `post` per task, which `_units` sums per unit."""
+
+    pre: np.ndarray
+    take: np.ndarray
+    post: np.ndarray
+    send_offset: np.ndarray
+
+
+def _host_time(graph: TaskGraph, costs: CostModel, edge_link: np.ndarray, posts: np.ndarray | None
+               ) -> _TaskHostTime:
+    """Per task, host time after it: bookkeeping then posting each of its sends in turn;
+    per edge, when its data can leave after its task's end; per unit, posting the
+    receives the executor posts before it and taking its arrived inputs."""
     o = costs.host_overhead
-    task_post = [0.0] * len(graph.tasks)
-    offset = [0.0] * len(graph.edges)
-    pre = [0.0] * len(graph.units)
-    take = [0.0] * len(graph.units)
-    posts = timing.recv_posts if o.per_recv else None
-    for ids in graph.rank_units:
-        for u in ids:
-            for t in graph.units[u]:
-                done = o.per_op
-                for e in graph.task_outputs[t]:
-                    if timing.edge_link[e] >= 0:
-                        offset[e] = done + o.send_leaves
-                        done += o.per_send
-                task_post[t] = done
-                for e in graph.task_inputs[t]:
-                    if timing.edge_link[e] >= 0:
-                        take[u] += o.per_take
-                        if posts is not None:
-                            pre[ids[posts[e]]] += o.per_recv
-    return task_post, offset, pre, take
+    col = graph.columns()
+    n_tasks = len(col["op"])
+    xfer = np.flatnonzero(edge_link >= 0)
+    src = col["edge_src"][xfer]
+    # the k-th send of a task is posted after k others: a running sum, added up as the runtime does
+    by_src = np.argsort(src, kind="stable")  # a task's sends in edge order, as it posts them
+    turn = np.empty(len(xfer), dtype=np.int64)
+    turn[by_src] = np.arange(len(xfer)) - np.searchsorted(src[by_src], src[by_src])
+    sends = np.bincount(src, minlength=n_tasks)
+    done = [o.per_op]
+    for _ in range(int(sends.max(initial=0))):
+        done.append(done[-1] + o.per_send)
+    done = np.asarray(done)
+    send_offset = np.zeros(len(edge_link))
+    send_offset[xfer] = done[turn] + o.send_leaves
+    task_post = done[sends]
+    consumer = col["unit"][col["edge_dst"][xfer]]
+    take = np.bincount(consumer, weights=np.full(len(xfer), o.per_take), minlength=len(graph.units))
+    pre = np.zeros(len(graph.units))
+    if posts is not None and o.per_recv:
+        rank_first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
+        at = rank_first[col["rank"][col["edge_dst"][xfer]]] + posts[xfer]  # a rank's units are consecutive ids
+        pre = np.bincount(at, weights=np.full(len(xfer), o.per_recv), minlength=len(graph.units))
+    return _TaskHostTime(pre, take, task_post, send_offset)
 
 
 def _payload(cost: StageCost, activation: bool) -> float:
@@ -185,11 +236,7 @@ def to_trace(graph: TaskGraph, timing: Timing, timeline: Timeline, meta: dict | 
     """The simulated Trace of a timeline: compute spans, transfer spans and memory."""
     sched = graph.schedule
     col = graph.columns()
-    if timeline.task_start is not None:
-        task_start, task_end = np.asarray(timeline.task_start), np.asarray(timeline.task_end)
-    else:
-        unit_start, unit_end = np.asarray(timeline.unit_start), np.asarray(timeline.unit_end)
-        task_start, task_end = unit_start[col["unit"]], unit_end[col["unit"]]
+    task_start, task_end = np.asarray(timeline.task_start), np.asarray(timeline.task_end)
     xfer = np.flatnonzero(col["edge_kind"] != LOCAL)
     src = col["edge_src"][xfer]
     sender, receiver = col["rank"][src], col["rank"][col["edge_dst"][xfer]]
@@ -209,7 +256,7 @@ def to_trace(graph: TaskGraph, timing: Timing, timeline: Timeline, meta: dict | 
         start=cat(task_start, a, a), end=cat(task_end, b, b),
         peer=cat(np.full(n, -1), receiver, sender).astype(np.int32),
         overlapped=cat(col["paired"], np.zeros(k, bool), np.zeros(k, bool)),
-        memory=memory_samples(graph, timing.stage_costs, list(task_start), list(task_end),
+        memory=memory_samples(graph, timing.stage_costs, task_start, task_end,
                               buffer_intervals(graph, timing.edge_bytes, timing.recv_posts, timeline.unit_start,
                                                timeline.unit_end, timeline.edge_end)
                               if timing.comm_buffers else None),

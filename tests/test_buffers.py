@@ -83,8 +83,8 @@ def test_v_turn_hand_overs_are_held_on_the_turning_rank_and_engines_agree(name):
     graph = validate(schedule)
     timing = resolve(graph, costs)
     timeline = longest_path(graph, timing)
-    held = buffer_intervals(graph, timing.edge_bytes, timing.recv_posts, timeline.unit_start, timeline.unit_end,
-                            timeline.edge_end)
+    held = list(zip(*buffer_intervals(graph, timing.edge_bytes, timing.recv_posts, timeline.unit_start,
+                                      timeline.unit_end, timeline.edge_end)))
     turns = [e for e in graph.edges if e.kind == LOCAL and graph.tasks[e.src].stage != graph.tasks[e.dst].stage]
     assert len(turns) == 2 * 4  # one turn forward and one backward per microbatch
     for e in turns:  # each held on its rank from the producer's end to the consumer's start

@@ -11,6 +11,7 @@ from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
 from pipesched.simulator.metrics import Metrics, compute_metrics
 from pipesched.simulator.stochastic import makespan_stats
+from pipesched.simulator.trace import Trace
 
 from ..errors import UsageError
 from ..figure_options import add_figure_args, check_figure_args, figure_options, write_perfetto
@@ -22,8 +23,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="predict a schedule's timeline under a cost model")
     add_schedule_args(p)
     add_cost_args(p)
-    p.add_argument("--engine", choices=("des", "exact"), default="des",
-                   help="discrete-event simulation (default) or the exact longest path")
+    p.add_argument("--engine", choices=("auto", "des", "exact"), default="auto",
+                   help="discrete-event simulation, the exact longest path (same timeline, faster, no shared "
+                        "compute), or auto (default): exact unless ranks share compute")
     p.add_argument("--runs", type=int, help="stochastic mode: this many noisy runs")
     p.add_argument("--cv", type=float, default=0.1, help="coefficient of variation of op times (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the stochastic mode")
@@ -41,8 +43,14 @@ def summary(metrics: Metrics) -> dict:
     return d
 
 
+def engine_label(trace: Trace) -> str:
+    """The engine that ran, and why when it was chosen automatically."""
+    choice = trace.meta.get("engine_choice")
+    return f"{trace.meta['engine']} engine" + (f" ({choice})" if choice else "")
+
+
 def print_table(m: Metrics, engine: str, model_stages: int) -> None:
-    print(f"{m.schedule}: {m.ranks} ranks, {m.microbatches} microbatches, {model_stages} model stages ({engine})")
+    print(f"{m.schedule}: {m.ranks} ranks, {m.microbatches} microbatches, {model_stages} model stages, {engine}")
     comm = (f"communication {fmt_seconds(m.comm_time)} ({100 * m.comm_hidden_fraction:.1f} % hidden under compute)"
             if m.comm_time > 0 else "communication free (no transfer costs given)")
     print(f"makespan {fmt_seconds(m.makespan)}, bubble {100 * m.bubble_ratio:.2f} %, {comm}")
@@ -73,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.plot)
     costs = costs_from_args(args)
     if costs.host is not None and args.engine == "exact":
-        raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (the default)")
+        raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (--engine des or auto)")
     schedule = schedule_from_args(args, costs)
     graph = validate(schedule)
     trace = simulate(graph, costs, engine=args.engine)
@@ -100,12 +108,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = summary(metrics)
         out["model_stages"] = schedule.num_model_stages
-        out["engine"] = args.engine
+        out["engine"] = trace.meta["engine"]
+        if "engine_choice" in trace.meta:
+            out["engine_choice"] = trace.meta["engine_choice"]
         if stats:
             out["stochastic"] = stats.to_dict()
         print(json.dumps(out, indent=1))
         return 0
-    print_table(metrics, args.engine, schedule.num_model_stages)
+    print_table(metrics, engine_label(trace), schedule.num_model_stages)
     if stats:
         print(f"stochastic ({stats.runs} runs, cv {stats.cv:g}, seed {stats.seed}): makespan mean "
               f"{fmt_seconds(stats.mean)}, p50 {fmt_seconds(stats.p50)}, p95 {fmt_seconds(stats.p95)}, "

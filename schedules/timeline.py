@@ -1,0 +1,175 @@
+"""Timelines with free transfers, on arrays: each op takes a given time, data moves at once.
+
+Builders compare candidate orders with them (`OrderTimer`, `fastest` in
+`schedules.greedy`) and the receive-posting rule times a unit-time run with them
+(`unit_time_starts`). The core walks units in waves: wave k holds the units whose
+predecessors (the previous unit of their rank and the producers of their inputs) all
+lie in earlier waves, so a wave is one numpy step, and a schedule whose ranks run n
+units each takes about n steps. The same waves give the exact engine
+(`simulator.exact`) its order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .graph import TaskGraph, derive_edges
+from .ir import BW, OPS, Overlap, Schedule, ScheduleError
+
+# (op, model_stage, num_model_stages) -> seconds
+OpTime = Callable[[str, int, int], float]
+
+UNIT_COST = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0}  # the unit-time run of the posting rule
+
+
+@dataclass(frozen=True)
+class Waves:
+    """A topological order of units in waves, with every unit's predecessors.
+
+    order: the units wave by wave; wave k is order[bounds[k]:bounds[k + 1]].
+    preds: the predecessors of unit order[i] are preds[pred_ptr[i]:pred_ptr[i + 1]]
+        (a unit in wave 0 has none; every later one has at least one).
+    prev: per unit, the unit before it on its rank (-1 for a rank's first).
+    """
+
+    order: np.ndarray
+    bounds: np.ndarray
+    preds: np.ndarray
+    pred_ptr: np.ndarray
+    prev: np.ndarray
+
+    @property
+    def complete(self) -> bool:
+        """False when some units can never start: the schedule deadlocks."""
+        return len(self.order) == len(self.prev)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+
+def waves_of(prev: np.ndarray, src: np.ndarray, dst: np.ndarray) -> Waves:
+    """The waves of units given `prev` (per unit, the unit before it on its rank, or -1)
+    and data dependencies `dst[i]` needs `src[i]` (unit ids). Kahn's algorithm, one
+    numpy step per wave; units on a cycle are left out (see `Waves.complete`)."""
+    n = len(prev)
+    follows = np.flatnonzero(prev >= 0)
+    a = np.concatenate((prev[follows], src)).astype(np.int64)
+    b = np.concatenate((follows, dst)).astype(np.int64)
+    by_a = np.argsort(a, kind="stable")
+    succ = b[by_a]
+    succ_ptr = np.searchsorted(a[by_a], np.arange(n + 1))
+    indeg = np.bincount(b, minlength=n)
+    frontier = np.flatnonzero(indeg == 0)
+    parts, sizes = [], [0]
+    while frontier.size:
+        parts.append(frontier)
+        sizes.append(frontier.size)
+        lo, count = succ_ptr[frontier], succ_ptr[frontier + 1] - succ_ptr[frontier]
+        total = int(count.sum())
+        if not total:
+            break
+        # the successor lists of the frontier, concatenated
+        idx = np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(total)
+        nxt = succ[idx]
+        np.subtract.at(indeg, nxt, 1)
+        frontier = np.unique(nxt[indeg[nxt] == 0])
+    order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    position = np.full(n, n, dtype=np.int64)
+    position[order] = np.arange(len(order))
+    by_pos = np.argsort(position[b], kind="stable")
+    pred_ptr = np.searchsorted(position[b][by_pos], np.arange(len(order) + 1))
+    return Waves(order, np.cumsum(sizes), a[by_pos], pred_ptr, np.asarray(prev, dtype=np.int64))
+
+
+def finish_times(waves: Waves, duration: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every unit when unit u takes duration[u] seconds and starts once
+    all its predecessors have ended."""
+    start = np.zeros(len(duration))
+    end = np.zeros(len(duration))
+    order, bounds, preds, ptr = waves.order, waves.bounds, waves.preds, waves.pred_ptr
+    for k in range(len(waves)):
+        lo, hi = bounds[k], bounds[k + 1]
+        units = order[lo:hi]
+        if k:
+            start[units] = np.maximum.reduceat(end[preds[ptr[lo]:ptr[hi]]], ptr[lo:hi] - ptr[lo])
+        end[units] = start[units] + duration[units]
+    return start, end
+
+
+def graph_waves(graph: TaskGraph) -> Waves:
+    """The waves of a compiled graph (computed once, kept on the graph)."""
+    if graph.waves is None:
+        prev = np.full(len(graph.units), -1, dtype=np.int64)
+        for ids in graph.rank_units:
+            prev[ids[1:]] = ids[:-1]
+        col = graph.columns()
+        unit = col["unit"]
+        graph.waves = waves_of(prev, unit[col["edge_src"]], unit[col["edge_dst"]])
+    return graph.waves
+
+
+def free_transfer_times(graph: TaskGraph, task_time: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every unit when task t takes task_time[t] seconds, the ops of a pair
+    run one after the other and transfers take no time."""
+    unit_time = np.bincount(graph.columns()["unit"], weights=task_time, minlength=len(graph.units))
+    return finish_times(graph_waves(graph), unit_time)
+
+
+def unit_time_starts(graph: TaskGraph) -> np.ndarray:
+    """Start of every unit when F, B and W take 1, BW 2 and transfers nothing."""
+    return free_transfer_times(graph, np.where(graph.columns()["op"] == OPS.index(BW), UNIT_COST[BW], 1.0))[0]
+
+
+class OrderTimer:
+    """Makespans of candidate orders for one set of ops (same stages, paths and ops,
+    different programs) under `op_time`: the tasks, their durations and data edges
+    are derived once; each candidate costs one wave walk, without validation."""
+
+    def __init__(self, schedule: Schedule, op_time: OpTime):
+        tasks = list(schedule.tasks())
+        self.index = {t: i for i, t in enumerate(tasks)}
+        edges = derive_edges(schedule, self.index)
+        self.src = np.fromiter((e.src for e in edges), np.int64, len(edges))
+        self.dst = np.fromiter((e.dst for e in edges), np.int64, len(edges))
+        model = [st.model_stage for st in schedule.stages]
+        num_model = schedule.num_model_stages
+        self.duration = np.fromiter((op_time(t.op, model[t.stage], num_model) for t in tasks), float, len(tasks))
+
+    def makespan(self, schedule: Schedule) -> float:
+        """Makespan of `schedule` (seconds); KeyError unless its ops are exactly the ones
+        the timer was built for. Pairs run serially; ScheduleError if the order deadlocks."""
+        index = self.index
+        task_unit = np.full(len(index), -1, dtype=np.int64)
+        prev: list[int] = []
+        unit = 0
+        for program in schedule.programs:
+            for i, item in enumerate(program):
+                if type(item) is Overlap:
+                    task_unit[index[item.first]] = task_unit[index[item.second]] = unit
+                else:
+                    task_unit[index[item]] = unit
+                prev.append(unit - 1 if i else -1)
+                unit += 1
+        if (task_unit < 0).any():
+            raise KeyError("the schedule lacks some of the timer's ops")
+        waves = waves_of(np.asarray(prev, dtype=np.int64), task_unit[self.src], task_unit[self.dst])
+        if not waves.complete:
+            raise ScheduleError(f"schedule {schedule.name!r} deadlocks")
+        unit_time = np.bincount(task_unit, weights=self.duration, minlength=unit)
+        return float(finish_times(waves, unit_time)[1].max(initial=0.0))
+
+
+def fastest(candidates: list[Schedule], op_time: OpTime) -> Schedule:
+    """The candidate with the shortest makespan under `op_time` (ties: the first)."""
+    timer = OrderTimer(candidates[0], op_time)
+
+    def makespan(candidate: Schedule) -> float:
+        try:
+            return timer.makespan(candidate)
+        except KeyError:  # other ops than the first candidate's (e.g. fused backwards)
+            return OrderTimer(candidate, op_time).makespan(candidate)
+
+    times = [makespan(c) for c in candidates]
+    return candidates[times.index(min(times))]
