@@ -230,7 +230,6 @@ def test_unreadable_traces_and_outputs_are_refused_in_one_line(tmp_path, capsys,
     refused(capsys, ["plot", tmp_path, "-o", tmp_path / "x.png"], "Is a directory")
     refused(capsys, ["plot", good, "--perfetto", tmp_path], "it is a directory")
     refused(capsys, ["plot", good, "-o", "/nonexistent/x.png"], "there is no folder")
-    refused(capsys, ["plot", good, "--vs", good, "--perfetto", tmp_path / "p.json"], "leave out --vs")
 
 
 def test_the_saved_trace_round_trips_through_the_stricter_reader(trace_doc):
