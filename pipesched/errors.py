@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.outputs import OutputError
 from pipesched.simulator.costs import CostError
 from pipesched.simulator.trace import TraceError
 
@@ -10,4 +11,5 @@ class UsageError(ValueError):
     """Bad command-line arguments or files that no more specific error covers."""
 
 
-INPUT_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, CostError, TraceError)
+INPUT_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, CostError, TraceError,
+                                                    OutputError)

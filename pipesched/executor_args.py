@@ -70,6 +70,19 @@ def model_from_args(args: argparse.Namespace):
                         args.dtype, args.seed)
 
 
+def check_launchable_ranks(ranks: int | None) -> None:
+    """UsageError at once when -p asks for more local ranks than this host can start
+    (before the schedule or any model stage is built); nothing to check under torchrun."""
+    from pipesched.executor.launch import check_launchable, under_torchrun
+
+    if ranks is None or ranks < 1 or under_torchrun():
+        return
+    try:
+        check_launchable(ranks)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def prepare_checked(schedule: Schedule, model, backend: str):
     """`executor.job.prepare` with every problem as one line: the schedule's own error,
     else a UsageError. Returns the validated task graph."""
@@ -85,14 +98,3 @@ def prepare_checked(schedule: Schedule, model, backend: str):
             raise
         raise UsageError(str(exc)) from None
 
-
-def check_writable(path: str) -> None:
-    """UsageError unless a file can be written at `path` (checked before a long run)."""
-    from pathlib import Path
-
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise UsageError(f"cannot write {path!r}: it is a directory")
-    if not folder.is_dir() or not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UsageError(f"cannot write {path!r}: {'no such directory' if not folder.is_dir() else 'permission denied'}")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -159,19 +158,6 @@ def load_costs(path: str) -> CostModel:
         raise UsageError(f"cost file {path!r} is not UTF-8 text (JSON or TOML): {exc.reason} at byte {exc.start}") from None
     except RecursionError:
         raise UsageError(f"cost file {path!r} is not a cost file: it nests too deeply") from None
-
-
-def check_writable(path: str) -> None:
-    """UsageError before any work when `path` cannot be written: it is a directory, or
-    its folder does not exist or is not writable (so a long run does not fail at the end)."""
-    p = Path(path)
-    folder = p.parent
-    if p.is_dir():
-        raise UsageError(f"cannot write {path!r}: it is a directory")
-    if not folder.is_dir():
-        raise UsageError(f"cannot write {path!r}: there is no folder {str(folder)!r}")
-    if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UsageError(f"cannot write {path!r}: permission denied")
 
 
 def fmt_seconds(x: float) -> str:

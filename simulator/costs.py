@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesched.schedules.ir import B, BW, F, W
+from pipesched.schedules.outputs import write_text
 
 try:
     import tomllib
@@ -462,4 +463,5 @@ def load(path: str | Path) -> CostModel:
 
 
 def save(model: CostModel, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(to_dict(model), indent=2) + "\n")
+    """Write the cost file (JSON) atomically."""
+    write_text(path, json.dumps(to_dict(model), indent=2) + "\n")

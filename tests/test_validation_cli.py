@@ -91,7 +91,7 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     (["validate", "dualpipe", "-p", "3", "-m", "4"], "even number of ranks"),
     (["validate", "1f1b", "-p", "2", "-m", "4", "--steps", "0"], "--steps"),
     (["validate", "1f1b", "-p", "2", "-m", "4", "--backend", "nccl"], "CUDA"),
-    (["validate", "1f1b", "-p", "2", "-m", "4", "--out", "/proc/x"], "cannot create"),
+    (["validate", "1f1b", "-p", "2", "-m", "4", "--out", "/proc/x"], "--out"),
 ])
 def test_bad_input_is_refused_in_one_line_before_launch(args, message, tmp_path):
     if "--backend" in args:

@@ -12,11 +12,12 @@ import json
 import math
 import sys
 
-from pipesched.simulator.costs import CostModel, to_dict
+from pipesched.simulator.costs import CostModel, save, to_dict
 
 from ..errors import UsageError
-from ..executor_args import add_executor_args, check_writable, import_executor, model_from_args, prepare_checked
+from ..executor_args import add_executor_args, check_launchable_ranks, import_executor, model_from_args, prepare_checked
 from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
+from ..terminal import check_outputs, wrote
 
 
 def add_parser(sub) -> None:
@@ -50,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from pipesched.executor.calibrate import calibrate
     from pipesched.executor.comm import ExecutorError
 
-    check_writable(args.output)
+    check_outputs({"-o": args.output}, {"SCHEDULE": args.schedule})
+    check_launchable_ranks(args.ranks)
     model = model_from_args(args)
     schedule = schedule_from_args(args)
     prepare_checked(schedule, model, args.backend)
@@ -61,15 +63,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if costs is None:  # a rank other than 0 under torchrun
         return 0
-    doc = to_dict(costs)
-    with open(args.output, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    save(costs, args.output)
     if args.json:
-        print(json.dumps(doc, indent=1))
+        print(json.dumps(to_dict(costs), indent=1))
     else:
         print_costs(costs)
-        print(f"wrote {args.output}")
+    wrote(args.output, to_stderr=args.json)
     return 0
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipesched.schedules.outputs import atomic_path
 from pipesched.simulator.trace import Trace
 
 from ..errors import UsageError
-from ..options import check_writable
+from ..terminal import check_outputs, wrote
 
 
 def add_parser(sub) -> None:
@@ -25,12 +26,10 @@ def add_parser(sub) -> None:
 
 
 def write_perfetto(trace: Trace, path: str) -> None:
-    """Write `trace` as a Perfetto / Chrome trace; UsageError if the file cannot be written."""
+    """Write `trace` as a Perfetto / Chrome trace (atomically) and say so."""
     from pipesched.simulator.perfetto import save_chrome_trace
-    try:
-        save_chrome_trace(trace, path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    save_chrome_trace(trace, path)
+    wrote(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,9 +37,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("plot needs -o OUT.png|svg or --perfetto OUT.json")
     if args.perfetto and args.vs:
         raise UsageError("--perfetto writes one trace; leave out --vs")
-    for path in (args.output, args.perfetto):
-        if path:
-            check_writable(path)
+    check_outputs({"-o": args.output, "--perfetto": args.perfetto}, {"TRACE": args.trace, "--vs": args.vs})
     if args.output:
         from ..plots.style import check_output
         check_output(args.output)
@@ -51,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.vs is None:
         from ..plots.timeline import plot_timeline
-        plot_timeline(trace, args.output, memory=not args.no_memory, title=args.title)
+        with atomic_path(args.output) as tmp:
+            plot_timeline(trace, tmp, memory=not args.no_memory, title=args.title)
+        wrote(args.output)
         return 0
     from ..plots.compare import plot_compare
     other = Trace.load(args.vs)
@@ -60,5 +59,7 @@ def run(args: argparse.Namespace) -> int:
     swap = other.source == "measured" and trace.source != "measured"
     (measured, m_name), (reference, r_name) = (theirs, mine) if swap else (mine, theirs)
     names = (reference.source, measured.source) if reference.source != measured.source else (r_name, m_name)
-    plot_compare(reference, measured, args.output, names=names, memory=not args.no_memory, title=args.title)
+    with atomic_path(args.output) as tmp:
+        plot_compare(reference, measured, tmp, names=names, memory=not args.no_memory, title=args.title)
+    wrote(args.output)
     return 0

@@ -10,13 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 
+from pipesched.schedules.outputs import atomic_path, check_distinct
+
 from ..errors import UsageError
-from ..executor_args import (add_executor_args, add_measurement_args, import_executor, model_from_args,
+from ..executor_args import (add_executor_args, add_measurement_args, check_launchable_ranks, import_executor, model_from_args,
                              prepare_checked, run_options)
 from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
+from ..terminal import printable, wrote
 from .calibrate import add_calibration_args, calibration_options, print_costs
 
 
@@ -26,9 +31,9 @@ def add_parser(sub) -> None:
     add_executor_args(p)
     add_calibration_args(p)
     add_measurement_args(p, warmup=2)
-    p.add_argument("--out", metavar="DIR", default="pipesched-validate",
+    p.add_argument("--out", metavar="DIR",
                    help="write predicted.json, measured.json, costs.json and validate.png here "
-                        "(default ./pipesched-validate)")
+                        "(default: a new folder pipesched-validate-* in the temporary directory)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run)
 
@@ -40,11 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from pipesched.simulator.costs import save
 
     options = run_options(args)
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create {args.out!r}: {exc.strerror or exc}") from None
+    check_launchable_ranks(args.ranks)
+    if args.out is not None:
+        check_out_folder(args.out, args.schedule)
     model = model_from_args(args)
     schedule = schedule_from_args(args)
     prepare_checked(schedule, model, args.backend)
@@ -56,19 +59,38 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if result is None:  # a rank other than 0 under torchrun
         return 0
+    out = Path(args.out) if args.out is not None else Path(tempfile.mkdtemp(prefix="pipesched-validate-"))
+    out.mkdir(parents=True, exist_ok=True)
     result.predicted.save(out / "predicted.json")
     result.measured.save(out / "measured.json")
     save(result.costs, out / "costs.json")
     from ..plots.compare import plot_compare
-    plot_compare(result.predicted, result.measured, out / "validate.png")
+    with atomic_path(out / "validate.png") as tmp:
+        plot_compare(result.predicted, result.measured, tmp)
     summary = result.summary()
     summary["files"] = [str(out / name) for name in ("predicted.json", "measured.json", "costs.json", "validate.png")]
     if args.json:
         print(json.dumps(summary, indent=1))
+        wrote(out, "predicted.json, measured.json, costs.json, validate.png", to_stderr=True)
     else:
         print_report(summary, result.costs)
     check = result.run.check
     return 1 if check is not None and not (check.loss_matches and check.grads_match) else 0
+
+
+def check_out_folder(out: str, schedule: str) -> None:
+    """UsageError before any work unless --out is (or can be made) a writable folder
+    whose files are not the input schedule."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--out {out!r} is a file; give a folder")
+    parent = folder if folder.is_dir() else folder.parent
+    while not parent.exists() and parent != parent.parent:  # the folders --out would create
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write into --out {out!r}: permission denied in {str(parent)!r}")
+    names = ("predicted.json", "measured.json", "costs.json", "validate.png")
+    check_distinct({f"--out file {name}": str(folder / name) for name in names}, {"SCHEDULE": schedule})
 
 
 def _pct(x: float) -> str:
@@ -76,7 +98,7 @@ def _pct(x: float) -> str:
 
 
 def print_report(s: dict, costs) -> None:
-    print(f"{s['schedule']}: {s['ranks']} ranks, {s['microbatches']} microbatches ({s['backend']}; {s['model']})")
+    print(f"{printable(s['schedule'])}: {s['ranks']} ranks, {s['microbatches']} microbatches ({s['backend']}; {s['model']})")
     print_costs(costs)
     if s["shared_compute"]:
         h = s["host"]
@@ -104,4 +126,4 @@ def print_report(s: dict, costs) -> None:
     print(f"median op time, predicted vs measured: {ops}")
     if s["loss_matches_reference"] is not None:
         print(f"gradients: max relative error {s['max_grad_rel_error']:.2g} against the unpipelined model")
-    print("wrote " + ", ".join(s["files"]))
+    print("wrote " + ", ".join(printable(f) for f in s["files"]))
