@@ -325,7 +325,7 @@ def check_main_module() -> None:
     that module launches ranks at import time (no `if __name__ == "__main__":` guard):
     exit quietly with MAIN_GUARD_EXIT, which the launcher turns into one clear line;
     otherwise multiprocessing fails with a RuntimeError deep in its bootstrap."""
-    if mp.parent_process() is not None and getattr(mp.process.current_process(), "_inheriting", False):
+    if getattr(mp.process.current_process(), "_inheriting", False):  # set only while spawn prepares
         os._exit(MAIN_GUARD_EXIT)
 
 

@@ -11,7 +11,7 @@ from pipesched.schedules.ir import ScheduleError
 from pipesched.schedules.outputs import atomic_path
 from pipesched.schedules.registry import BUILDERS
 from pipesched.schedules.validate import validate
-from pipesched.simulator.costs import CostModel
+from pipesched.simulator.costs import CostError, CostModel
 from pipesched.simulator.metrics import compute_metrics
 
 from .. import terminal
@@ -80,7 +80,7 @@ def sweep(schedules: list[str], ranks: int, microbatches: list[int], costs: Cost
         v = chunks if BUILDERS[name].chunks is None else None
         try:
             graph = validate(load_schedule(name, ranks, m, v, costs))
-        except ScheduleError as exc:
+        except (ScheduleError, CostError) as exc:  # e.g. calibrated model_stages for another S
             points.append(SweepPoint(name, ranks, m, error=str(exc)))
             continue
         met = compute_metrics(predict(graph, costs, engine))

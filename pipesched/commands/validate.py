@@ -52,15 +52,19 @@ def run(args: argparse.Namespace) -> int:
     schedule = schedule_from_args(args)
     prepare_checked(schedule, model, args.backend)
     calibration = calibration_options(args)
+    out = make_out_folder(args.out)  # the last check before the long work
     try:
         result = validate_schedule(schedule, model, options, calibration, args.backend)
     except ExecutorError as exc:
         print(f"pipesched: error: {exc}", file=sys.stderr)
+        _remove_if_empty(out)
         return 1
+    except BaseException:
+        _remove_if_empty(out)
+        raise
     if result is None:  # a rank other than 0 under torchrun
+        _remove_if_empty(out)
         return 0
-    out = Path(args.out) if args.out is not None else Path(tempfile.mkdtemp(prefix="pipesched-validate-"))
-    out.mkdir(parents=True, exist_ok=True)
     result.predicted.save(out / "predicted.json")
     result.measured.save(out / "measured.json")
     save(result.costs, out / "costs.json")
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     with atomic_path(out / "validate.png") as tmp:
         plot_compare(result.predicted, result.measured, tmp)
     summary = result.summary()
-    summary["files"] = [str(out / name) for name in ("predicted.json", "measured.json", "costs.json", "validate.png")]
+    summary["files"] = [str(out / name) for name in OUT_FILES]
     if args.json:
         print(json.dumps(summary, indent=1))
         wrote(out, "predicted.json, measured.json, costs.json, validate.png", to_stderr=True)
@@ -82,15 +86,36 @@ def check_out_folder(out: str, schedule: str) -> None:
     """UsageError before any work unless --out is (or can be made) a writable folder
     whose files are not the input schedule."""
     folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--out {out!r} is a file; give a folder")
-    parent = folder if folder.is_dir() else folder.parent
-    while not parent.exists() and parent != parent.parent:  # the folders --out would create
-        parent = parent.parent
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write into --out {out!r}: permission denied in {str(parent)!r}")
-    names = ("predicted.json", "measured.json", "costs.json", "validate.png")
-    check_distinct({f"--out file {name}": str(folder / name) for name in names}, {"SCHEDULE": schedule})
+    existing = folder
+    while not existing.exists() and existing != existing.parent:  # the folders --out would create
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out {out!r} cannot be a folder: {str(existing)!r} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write into --out {out!r}: permission denied in {str(existing)!r}")
+    check_distinct({f"--out file {name}": str(folder / name) for name in OUT_FILES}, {"SCHEDULE": schedule})
+
+
+OUT_FILES = ("predicted.json", "measured.json", "costs.json", "validate.png")
+
+
+def make_out_folder(out: str | None) -> Path:
+    """The folder the results go to: --out (created if need be), else a new folder
+    pipesched-validate-* in the temporary directory (never the working directory)."""
+    if out is None:
+        return Path(tempfile.mkdtemp(prefix="pipesched-validate-"))
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out {out!r}: {exc.strerror or exc}") from None
+    return Path(out)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()  # only succeeds when nothing was written into it
+    except OSError:
+        pass
 
 
 def _pct(x: float) -> str:
