@@ -55,10 +55,10 @@ class Progress:
     elsewhere a line per tenth, and only once the work has run `after_s` seconds."""
 
     def __init__(self, label: str, total: int, stream: TextIO | None = None, width: int = 30,
-                 after_s: float = PROGRESS_AFTER_S):
+                 after_s: float | None = None):
         # sys.stderr looked up now, not at import: callers (and tests) may have replaced it
         self.label, self.total, self.stream, self.width = label, max(1, total), stream or sys.stderr, width
-        self.after_s = after_s
+        self.after_s = PROGRESS_AFTER_S if after_s is None else after_s
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.monotonic()
         self.shown = 0  # tenths already reported on a non-terminal

@@ -347,3 +347,12 @@ def test_a_script_without_a_main_guard_gets_one_clear_line(tmp_path):
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert 'if __name__ == "__main__":' in last and "bootstrapping" not in proc.stderr, proc.stderr
+
+
+def test_long_stochastic_runs_report_progress_on_stderr(capsys, monkeypatch):
+    from pipesched import terminal
+    monkeypatch.setattr(terminal, "PROGRESS_AFTER_S", 0.0)  # as if each run took long
+    assert main(["simulate", "1f1b", "-p", "2", "-m", "4", "--runs", "20", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["stochastic"]["runs"] == 20
+    assert "simulate --runs: 20/20 done" in captured.err and captured.err.count("\n") == 10

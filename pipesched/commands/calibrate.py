@@ -47,11 +47,11 @@ def calibration_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs({"-o": args.output}, {"SCHEDULE": args.schedule})
     import_executor("calibrate")
     from pipesched.executor.calibrate import calibrate
     from pipesched.executor.comm import ExecutorError
 
-    check_outputs({"-o": args.output}, {"SCHEDULE": args.schedule})
     check_launchable_ranks(args.ranks)
     model = model_from_args(args)
     schedule = schedule_from_args(args)

@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 
-from ..executor_args import (add_executor_args, add_measurement_args, check_launchable_ranks, import_executor, model_from_args,
-                             prepare_checked, run_options)
+from ..executor_args import (add_executor_args, add_measurement_args, check_launchable_ranks, import_executor,
+                             model_from_args, prepare_checked, run_options)
 from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
 from ..terminal import check_outputs, printable, wrote
 
@@ -28,11 +28,11 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs({"--trace": args.trace}, {"SCHEDULE": args.schedule})
     import_executor("run")
     from pipesched.executor.comm import ExecutorError
     from pipesched.executor.job import start
 
-    check_outputs({"--trace": args.trace}, {"SCHEDULE": args.schedule})
     check_launchable_ranks(args.ranks)
     options = run_options(args)
     model = model_from_args(args)

@@ -18,8 +18,8 @@ from pathlib import Path
 from pipesched.schedules.outputs import atomic_path, check_distinct
 
 from ..errors import UsageError
-from ..executor_args import (add_executor_args, add_measurement_args, check_launchable_ranks, import_executor, model_from_args,
-                             prepare_checked, run_options)
+from ..executor_args import (add_executor_args, add_measurement_args, check_launchable_ranks, import_executor,
+                             model_from_args, prepare_checked, run_options)
 from ..options import add_schedule_args, fmt_bytes, fmt_seconds, schedule_from_args
 from ..terminal import printable, wrote
 from .calibrate import add_calibration_args, calibration_options, print_costs
@@ -39,6 +39,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:  # before torch is imported: refused at once
+        check_out_folder(args.out, args.schedule)
     import_executor("validate")
     from pipesched.executor.comm import ExecutorError
     from pipesched.executor.validation import validate_schedule
@@ -46,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
 
     options = run_options(args)
     check_launchable_ranks(args.ranks)
-    if args.out is not None:
-        check_out_folder(args.out, args.schedule)
     model = model_from_args(args)
     schedule = schedule_from_args(args)
     prepare_checked(schedule, model, args.backend)
