@@ -25,7 +25,7 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
     g.add_argument("--layers-per-stage", type=int, default=2, help="blocks per model stage (default 2)")
     g.add_argument("--microbatch-size", type=int, default=8, help="samples per microbatch (default 8)")
-    g.add_argument("--seq", type=int, default=32, help="sequence length, transformer only (default 32)")
+    g.add_argument("--seq", type=int, help="sequence length, transformer only (default 32)")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
@@ -66,7 +66,10 @@ def model_from_args(args: argparse.Namespace):
 
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, args.seq,
+    if args.seq is not None and args.model != "transformer":
+        raise UsageError(f"--seq is the transformer's sequence length; --model {args.model} has none")
+    seq = 32 if args.seq is None else args.seq
+    return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq,
                         args.dtype, args.seed)
 
 

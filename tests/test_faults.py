@@ -356,3 +356,20 @@ def test_long_stochastic_runs_report_progress_on_stderr(capsys, monkeypatch):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["stochastic"]["runs"] == 20
     assert "simulate --runs: 20/20 done" in captured.err and captured.err.count("\n") == 10
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sweep", "-p", "2", "-m", "4", "--schedules", "1f1b,zb-v", "-v", "3"], "-v applies to schedules"),
+    (["plot", "TRACE", "--perfetto", "OUT", "--title", "x"], "--title applies to the figure"),
+    (["plot", "TRACE", "--perfetto", "OUT", "--no-memory"], "--no-memory applies to the figure"),
+])
+def test_options_that_would_do_nothing_are_refused(capsys, files, tmp_path, argv, message):
+    _, _, trace = files
+    argv = [str(trace) if a == "TRACE" else str(tmp_path / "o.json") if a == "OUT" else a for a in argv]
+    refused(capsys, argv, message)
+    assert not (tmp_path / "o.json").exists()
+
+
+@torch_needed
+def test_seq_without_the_transformer_is_refused(capsys):
+    refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", "--seq", "64"], "--seq is the transformer's")

@@ -35,6 +35,8 @@ def write_perfetto(trace: Trace, path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.output and not args.perfetto:
         raise UsageError("plot needs -o OUT.png|svg or --perfetto OUT.json")
+    if not args.output and (args.title or args.no_memory):  # they change the figure only
+        raise UsageError(f"{'--title' if args.title else '--no-memory'} applies to the figure; add -o OUT.png|svg")
     if args.perfetto and args.vs:
         raise UsageError("--perfetto writes one trace; leave out --vs")
     check_outputs({"-o": args.output, "--perfetto": args.perfetto}, {"TRACE": args.trace, "--vs": args.vs})

@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-v must be >= 1, got {args.chunks}")
     counts = parse_counts(args.microbatches)
     names = parse_schedules(args.schedules)
+    if args.chunks is not None and all(BUILDERS[n].chunks is not None for n in names):
+        raise UsageError(f"-v applies to schedules with a chosen number of chunks "
+                         f"({', '.join(n for n, b in BUILDERS.items() if b.chunks is None)}); none is swept")
     terminal.check_outputs({"--plot": args.plot, "--csv": args.csv}, {"--costs": args.costs})
     if args.pareto_m is not None and not args.plot:
         raise UsageError("--pareto-m chooses the chart's Pareto panel; it needs --plot")
