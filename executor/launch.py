@@ -24,7 +24,6 @@ import ctypes
 import multiprocessing as mp
 import multiprocessing.connection
 import os
-import resource
 import signal
 import sys
 import threading
@@ -98,8 +97,13 @@ def check_launchable(ranks: int) -> None:
         raise ValueError(f"{ranks:,} ranks cannot be launched here: each needs about "
                          f"{RANK_FOOTPRINT_BYTES >> 20} MiB before its model, and {memory >> 20:,} MiB are "
                          f"available (at most {memory // RANK_FOOTPRINT_BYTES:,} ranks)")
-    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC) if hasattr(resource, "RLIMIT_NPROC") else (-1, -1)
-    if soft != resource.RLIM_INFINITY and 0 <= soft < ranks:
+    try:
+        import resource  # POSIX only
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        unlimited = resource.RLIM_INFINITY
+    except (ImportError, AttributeError):
+        return
+    if soft != unlimited and 0 <= soft < ranks:
         raise ValueError(f"{ranks:,} ranks cannot be launched here: the process limit (ulimit -u) is {soft:,}")
 
 
