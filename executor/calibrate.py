@@ -185,8 +185,7 @@ def _free_running(ctx: RankContext, group: list[int], stage, iterations: int) ->
 
 def _max_stages(schedule: Schedule) -> int:
     """The most model stages any rank holds (every rank loops this often in lockstep)."""
-    return max(len({schedule.stages[s].model_stage for s in schedule.stages_of_rank(r)})
-               for r in range(schedule.ranks))
+    return max(len({schedule.stages[s].model_stage for s in held}) for held in schedule.stages_by_rank())
 
 
 def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankReport], sizes: list[int],

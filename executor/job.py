@@ -20,7 +20,7 @@ from pipesched.simulator.trace import COMPUTE, RECV, SEND, Span, Trace
 
 from . import reference, replicas
 from .clock import clock_offset
-from .launch import RankContext, check_backend, launch_local, run_here, under_torchrun
+from .launch import RankContext, check_backend, check_launchable, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
 from .runtime import RankRuntime, RankStep
 
@@ -69,7 +69,10 @@ class RunResult:
 
 def prepare(schedule: Schedule, model: PipelineModel | ExampleModel, backend: str = "gloo") -> TaskGraph:
     """Everything that can be checked before a process starts: the graph (ScheduleError),
-    the backend on this host (ValueError) and the model against the schedule (ModelError)."""
+    the backend on this host (ValueError) and the model against the schedule (ModelError).
+    Ranks that cannot be launched here are refused first, before any model stage is built."""
+    if not under_torchrun() and isinstance(schedule.ranks, int):
+        check_launchable(schedule.ranks)
     graph = validate(schedule)
     check_backend(backend, 1 if under_torchrun() else schedule.ranks)
     if isinstance(model, ExampleModel):

@@ -1,10 +1,18 @@
 """Starting the ranks: local processes, or this process under torchrun.
 
-`launch_local` spawns one process per rank (rendezvous through a file in a temporary
-directory), watches them, and when one exits non-zero kills the others (SIGTERM, then
-SIGKILL) and raises `ExecutorError` with the first error a rank reported; it returns
-only after every process has been reaped. Under `torchrun` (env:// rendezvous, any
-number of nodes) `run_here` runs this process's rank; torchrun stops the others.
+`launch_local` spawns one process per rank, watches them, and when one exits non-zero
+kills the others (SIGTERM, then SIGKILL) and raises `ExecutorError` with the first error
+a rank reported; it returns only after every process has been reaped. Under `torchrun`
+(env:// rendezvous, any number of nodes) `run_here` runs this process's rank; torchrun
+stops the others.
+
+The launcher owns its ranks. The rendezvous store lives in the launcher's process (a
+TCPStore on the loopback interface), so no file or folder is left behind whatever
+happens. SIGTERM, SIGINT or SIGHUP to the launcher stop every rank and raise
+`Interrupted` (a KeyboardInterrupt: the CLI prints one line, exit 128 + signal). If the
+launcher is killed outright (SIGKILL), each rank dies with it: on Linux the kernel sends
+it SIGKILL (prctl PR_SET_PDEATHSIG), and everywhere a watchdog thread sees the
+launcher's end of the control pipe close and exits the rank.
 
 Each rank gets `cores // ranks on this host` intra-op threads (at least 1) and one
 inter-op thread, so ranks do not oversubscribe the cores, and an allocator that keeps
@@ -16,14 +24,15 @@ import ctypes
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import signal
 import sys
-import tempfile
+import threading
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -34,6 +43,23 @@ BACKENDS = ("gloo", "nccl", "gloo-cuda")
 KILL_GRACE_S = 2.0
 ERROR_GRACE_S = 1.0  # after a first error, how long to wait for the others' reports
 CONSEQUENCES = ("Connection closed by peer", "Connection reset", "lost rank", "Broken pipe")
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # what a job scheduler, Ctrl-C or a closed terminal sends
+RANK_FOOTPRINT_BYTES = 256 << 20
+"""Memory one local rank needs before its model: a Python process with torch and gloo
+imported (measured here: 220 MiB resident). `check_launchable` refuses more ranks than
+the available memory holds at this size."""
+MAX_LOCAL_RANKS = 1024
+"""The most ranks one launcher starts on this host, whatever the memory (each is a
+process with its own threads and sockets to every peer)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The launcher was told to stop (SIGTERM, SIGINT or SIGHUP); its ranks are stopped
+    and reaped. `signum` is the signal; a command exits with 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}; every rank was stopped")
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -45,6 +71,40 @@ class RankContext:
     backend: str          # gloo, nccl or gloo-cuda
     device: torch.device
     timeout: float        # seconds
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (Linux MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_launchable(ranks: int) -> None:
+    """ValueError when `ranks` local processes cannot be started on this host: more than
+    MAX_LOCAL_RANKS, more than the available memory holds (RANK_FOOTPRINT_BYTES each), or
+    more than the process limit (RLIMIT_NPROC) allows. Checked before anything is built."""
+    if ranks > MAX_LOCAL_RANKS:
+        raise ValueError(f"{ranks:,} ranks cannot be launched on one host: pipesched starts at most "
+                         f"{MAX_LOCAL_RANKS:,} local processes (use torchrun across hosts)")
+    memory = available_memory()
+    if memory is not None and ranks * RANK_FOOTPRINT_BYTES > memory:
+        raise ValueError(f"{ranks:,} ranks cannot be launched here: each needs about "
+                         f"{RANK_FOOTPRINT_BYTES >> 20} MiB before its model, and {memory >> 20:,} MiB are "
+                         f"available (at most {memory // RANK_FOOTPRINT_BYTES:,} ranks)")
+    try:
+        import resource  # POSIX only
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        unlimited = resource.RLIM_INFINITY
+    except (ImportError, AttributeError):
+        return
+    if soft != unlimited and 0 <= soft < ranks:
+        raise ValueError(f"{ranks:,} ranks cannot be launched here: the process limit (ulimit -u) is {soft:,}")
 
 
 def check_backend(backend: str, local_world: int) -> None:
@@ -142,8 +202,8 @@ def keep_freed_memory() -> bool:
                 and mallopt(m_top_pad, 64 << 20))
 
 
-def _init(ctx: RankContext, init_method: str) -> None:
-    dist.init_process_group("nccl" if ctx.backend == "nccl" else "gloo", init_method=init_method,
+def _init(ctx: RankContext, init_method: str | None = None, store: Any = None) -> None:
+    dist.init_process_group("nccl" if ctx.backend == "nccl" else "gloo", init_method=init_method, store=store,
                             rank=ctx.rank, world_size=ctx.world, timeout=timedelta(seconds=ctx.timeout))
 
 
@@ -154,13 +214,46 @@ def _describe(rank: int, exc: BaseException) -> str:
     return f"rank {rank}: {type(exc).__name__}: {text}"
 
 
-def _child(rank: int, world: int, backend: str, timeout: float, init_method: str,
-           job: Callable[..., Any], args: tuple, report) -> None:
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int, control) -> None:
+    """Make this rank exit as soon as the launcher (`parent`, its pid) is gone: the kernel
+    kills it when the launcher dies (Linux), and a watchdog thread exits it when the
+    launcher's end of `control` closes (everywhere, also if the launcher died before
+    the kernel was told)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        try:
+            control.recv()  # the launcher never sends: this returns only when it is gone
+        except (EOFError, OSError):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pipesched-launcher-watch", daemon=True).start()
+    if os.getppid() != parent:  # it died before any of that was in place
+        os._exit(1)
+
+
+def _child(rank: int, world: int, backend: str, timeout: float, store_address: tuple[str, int], parent: int,
+           control, job: Callable[..., Any], args: tuple, report) -> None:
     """One rank: send ("ok", value) or ("error", message) through `report`, once."""
+    die_with_parent(parent, control)
+    # the launcher stops the ranks itself; a terminal's Ctrl-C or hang-up reaches the
+    # whole process group, and the ranks must not report it as their own failure
+    for name in ("SIGINT", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     try:
         configure_process(world, rank)
         ctx = RankContext(rank, world, rank, world, backend, rank_device(backend, rank), timeout)
-        _init(ctx, init_method)
+        host, port = store_address
+        store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout))
+        _init(ctx, store=store)
         value = job(ctx, *args)
         # nobody tears the group down while a peer may still be finishing its last transfer
         dist.barrier()
@@ -171,7 +264,10 @@ def _child(rank: int, world: int, backend: str, timeout: float, init_method: str
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
         if os.environ.get("PIPESCHED_DEBUG"):
             traceback.print_exc()
-        report.send(("error", _describe(rank, exc)))
+        try:
+            report.send(("error", _describe(rank, exc)))
+        except OSError:  # the launcher is gone
+            pass
         sys.stderr.flush()
         # waiter threads may still block in gloo; do not let interpreter shutdown join them
         os._exit(1)
@@ -181,27 +277,99 @@ def _child(rank: int, world: int, backend: str, timeout: float, init_method: str
     os._exit(0)
 
 
+class _StopSignals:
+    """Whether a stop signal may still raise: once one has, or once the clean-up has
+    begun, later ones are recorded and the clean-up finishes undisturbed."""
+
+    def __init__(self) -> None:
+        self.armed = True
+        self.raised = False
+        self.received: int | None = None
+
+    def disarm(self) -> None:
+        self.armed = False
+
+
+@contextmanager
+def stop_signals_raise() -> Iterator[_StopSignals]:
+    """While the ranks run, SIGTERM, SIGINT and SIGHUP raise `Interrupted` in the
+    launcher, once; `disarm()` the yielded object before cleaning up. Outside the main
+    thread signals cannot be handled and nothing changes."""
+    state = _StopSignals()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(signum, frame):
+        if state.received is None:
+            state.received = signum
+        if state.armed:
+            state.armed, state.raised = False, True
+            raise Interrupted(signum)
+
+    previous = {}
+    for name in STOP_SIGNALS:
+        if hasattr(signal, name):
+            num = getattr(signal, name)
+            previous[num] = signal.signal(num, handler)
+    try:
+        yield state
+    finally:
+        for num, old in previous.items():
+            signal.signal(num, old)
+    if state.received is not None and not state.raised:
+        raise Interrupted(state.received)  # it came during the clean-up: honour it now that it is done
+
+
+MAIN_GUARD_EXIT = 86  # a rank's exit status: it re-ran a script that launches at import time
+
+
+def check_main_module() -> None:
+    """In a rank that spawn is still starting (it imports the user's main module) and
+    that module launches ranks at import time (no `if __name__ == "__main__":` guard):
+    exit quietly with MAIN_GUARD_EXIT, which the launcher turns into one clear line;
+    otherwise multiprocessing fails with a RuntimeError deep in its bootstrap."""
+    if getattr(mp.process.current_process(), "_inheriting", False):  # set only while spawn prepares
+        os._exit(MAIN_GUARD_EXIT)
+
+
+_NO_MAIN_GUARD = ("pipesched launches its ranks as new Python processes that import your script's main "
+                  "module; put the code that calls pipesched under `if __name__ == \"__main__\":`")
+
+
 def launch_local(job: Callable[..., Any], args: tuple, ranks: int, backend: str = "gloo",
                  timeout: float = 300.0) -> Any:
     """Run `job(ctx, *args)` on `ranks` local processes; return rank 0's value.
 
-    `job` and `args` must be picklable (module-level functions, plain data)."""
+    `job` and `args` must be picklable (module-level functions, plain data). SIGTERM,
+    SIGINT or SIGHUP meanwhile stop every rank and raise `Interrupted`."""
+    check_main_module()
     check_backend(backend, ranks)
+    check_launchable(ranks)
     context = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="pipesched-") as tmp:
-        init_method = f"file://{Path(tmp) / 'rendezvous'}"
-        pipes = [context.Pipe(duplex=False) for _ in range(ranks)]
-        procs = [context.Process(target=_child, name=f"pipesched-rank{r}", daemon=True,
-                                 args=(r, ranks, backend, timeout, init_method, job, args, pipes[r][1]))
-                 for r in range(ranks)]
+    store = dist.TCPStore("127.0.0.1", 0, ranks, is_master=True, timeout=timedelta(seconds=timeout),
+                          wait_for_workers=False)
+    address = ("127.0.0.1", store.port)
+    reports = [context.Pipe(duplex=False) for _ in range(ranks)]
+    controls = [context.Pipe(duplex=False) for _ in range(ranks)]  # (rank reads, launcher holds)
+    procs = [context.Process(target=_child, name=f"pipesched-rank{r}", daemon=True,
+                             args=(r, ranks, backend, timeout, address, os.getpid(), controls[r][0], job, args,
+                                   reports[r][1]))
+             for r in range(ranks)]
+    with stop_signals_raise() as signals:
         try:
             for p in procs:
                 p.start()
-            for _, send_end in pipes:
+            for (_, send_end), (read_end, _) in zip(reports, controls):
                 send_end.close()  # so a dead child reads as end-of-file
-            return _supervise(procs, [r for r, _ in pipes])
+                read_end.close()  # so only the ranks hold their ends of the control pipes
+            return _supervise(procs, [r for r, _ in reports])
         finally:
+            signals.disarm()
             _stop(procs)
+            for _, hold in controls:
+                hold.close()
+            del store
 
 
 def _supervise(procs: list, readers: list) -> Any:
@@ -218,8 +386,10 @@ def _supervise(procs: list, readers: list) -> Any:
             try:
                 reports[rank] = reader.recv()
             except EOFError:
-                reports[rank] = ("error", f"rank {rank} exited with status {_exit_code(procs[rank])} "
-                                          "without reporting")
+                code = _exit_code(procs[rank])
+                if code == MAIN_GUARD_EXIT:
+                    raise ExecutorError(_NO_MAIN_GUARD) from None
+                reports[rank] = ("error", f"rank {rank} exited with status {code} without reporting")
             del open_readers[rank]
             if reports[rank][0] == "error" and failed_at is None:
                 failed_at = time.monotonic()

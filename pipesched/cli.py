@@ -1,13 +1,19 @@
 """The `pipesched` command line: one subcommand per module in pipesched.commands.
 
-Bad input of any kind is one line on stderr and exit status 2; no tracebacks.
+Bad input of any kind is one line on stderr and exit status 2; no tracebacks. SIGINT,
+SIGTERM and SIGHUP stop a command with one line and exit status 128 + signal, removing
+any half-written output (and, for run, calibrate and validate, stopping every rank).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 from .errors import INPUT_ERRORS, UsageError
 
@@ -42,18 +48,48 @@ def build_parser() -> Parser:
     return parser
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while a command runs; unwinds like Ctrl-C so that clean-ups
+    (temporary output files, rank processes) run."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@contextmanager
+def stop_signals_unwind() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Stopped` while the command runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Stopped(signum)
+
+    previous = {num: signal.signal(num, handler)
+                for num in (getattr(signal, name, None) for name in ("SIGTERM", "SIGHUP")) if num is not None}
+    try:
+        yield
+    finally:
+        for num, old in previous.items():
+            signal.signal(num, old)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        return int(args.handler(args) or 0)
+        with stop_signals_unwind():
+            args = build_parser().parse_args(argv)
+            return int(args.handler(args) or 0)
     except INPUT_ERRORS as exc:
         print(f"pipesched: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:
-        print("pipesched: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or Stopped / the launcher's Interrupted
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"pipesched: {exc or 'interrupted'}", file=sys.stderr)
+        return 128 + int(signum)
     except Exception as exc:  # a bug, not bad input: still one line unless debugging
         if os.environ.get("PIPESCHED_DEBUG"):
             raise

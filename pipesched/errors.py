@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.outputs import OutputError
 from pipesched.simulator.costs import CostError
 from pipesched.simulator.trace import TraceError
 
@@ -13,4 +14,4 @@ class UsageError(ValueError):
 
 
 INPUT_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, CostError, TraceError,
-                                                     FigureError)
+                                                     FigureError, OutputError)

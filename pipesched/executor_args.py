@@ -25,7 +25,7 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
     g.add_argument("--layers-per-stage", type=int, default=2, help="blocks per model stage (default 2)")
     g.add_argument("--microbatch-size", type=int, default=8, help="samples per microbatch (default 8)")
-    g.add_argument("--seq", type=int, default=32, help="sequence length, transformer only (default 32)")
+    g.add_argument("--seq", type=int, help="sequence length, transformer only (default 32)")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
@@ -66,8 +66,24 @@ def model_from_args(args: argparse.Namespace):
 
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, args.seq,
+    if args.seq is not None and args.model != "transformer":
+        raise UsageError(f"--seq is the transformer's sequence length; --model {args.model} has none")
+    seq = 32 if args.seq is None else args.seq
+    return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq,
                         args.dtype, args.seed)
+
+
+def check_launchable_ranks(ranks: int | None) -> None:
+    """UsageError at once when -p asks for more local ranks than this host can start
+    (before the schedule or any model stage is built); nothing to check under torchrun."""
+    from pipesched.executor.launch import check_launchable, under_torchrun
+
+    if ranks is None or ranks < 1 or under_torchrun():
+        return
+    try:
+        check_launchable(ranks)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def prepare_checked(schedule: Schedule, model, backend: str):
@@ -84,19 +100,6 @@ def prepare_checked(schedule: Schedule, model, backend: str):
         if isinstance(exc, ScheduleError):
             raise
         raise UsageError(str(exc)) from None
-
-
-def check_writable(path: str) -> None:
-    """UsageError unless a file can be written at `path` (checked before a long run)."""
-    from pathlib import Path
-
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise UsageError(f"cannot write {path!r}: it is a directory")
-    if not folder.is_dir() or not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UsageError(f"cannot write {path!r}: {'no such directory' if not folder.is_dir() else 'permission denied'}")
-
 
 def add_calibration_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("calibration")

@@ -6,6 +6,7 @@ import argparse
 from pipesched.simulator.trace import Trace
 
 from .errors import UsageError
+from .terminal import wrote
 
 
 def add_figure_args(parser: argparse.ArgumentParser) -> None:
@@ -42,13 +43,11 @@ def figure_options(args: argparse.Namespace) -> dict:
     return {"memory": not args.no_memory, "title": args.title, "window": args.window, "figsize": args.figsize}
 
 
-def write_perfetto(traces: Trace | list[tuple[str, Trace]], path: str) -> None:
-    """Write one trace, or several named ones, as a Perfetto / Chrome trace; UsageError if
-    the file cannot be written."""
+def write_perfetto(traces: Trace | list[tuple[str, Trace]], path: str, to_stderr: bool = False) -> None:
+    """Write one trace, or several named ones, as a Perfetto / Chrome trace (atomically),
+    and say so."""
     from pipesched.simulator.perfetto import save_chrome_trace
-    try:
-        save_chrome_trace(traces, path)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    save_chrome_trace(traces, path)
+    wrote(path, to_stderr=to_stderr)
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from pipesched.simulator import costs as cost_files
 from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 
 from .errors import UsageError
-from .formatting import fmt_bytes, fmt_seconds  # noqa: F401  (re-exported for the commands)
 
 
 
@@ -161,14 +159,3 @@ def load_costs(path: str) -> CostModel:
         raise UsageError(f"cost file {path!r} is not a cost file: it nests too deeply") from None
 
 
-def check_writable(path: str) -> None:
-    """UsageError before any work when `path` cannot be written: it is a directory, or
-    its folder does not exist or is not writable (so a long run does not fail at the end)."""
-    p = Path(path)
-    folder = p.parent
-    if p.is_dir():
-        raise UsageError(f"cannot write {path!r}: it is a directory")
-    if not folder.is_dir():
-        raise UsageError(f"cannot write {path!r}: there is no folder {str(folder)!r}")
-    if not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UsageError(f"cannot write {path!r}: permission denied")

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .outputs import write_text
 from .ir import Overlap, ProgramItem, Schedule, ScheduleError, Task, VirtualStage
 
 FORMAT = "pipesched.schedule/1"
@@ -135,4 +136,5 @@ def load(path: str | Path) -> Schedule:
 
 
 def save(schedule: Schedule, path: str | Path) -> None:
-    Path(path).write_text(dumps(schedule))
+    """Write the schedule file atomically (`outputs.write_text`)."""
+    write_text(path, dumps(schedule))

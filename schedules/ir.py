@@ -11,7 +11,6 @@ from typing import Iterator, NamedTuple, Union
 
 F, B, W, BW = "F", "B", "W", "BW"
 OPS = (F, B, W, BW)
-BACKWARDS = (B, BW)  # the ops that send a gradient to the previous stage
 
 
 class ScheduleError(ValueError):
@@ -83,15 +82,23 @@ class Schedule:
         return self.paths[self.microbatch_paths[mb]]
 
     def stages_of_rank(self, rank: int) -> list[int]:
+        """The virtual stages `rank` holds, in index order. One pass over the stages: for
+        every rank at once use `stages_by_rank` (linear, not quadratic)."""
         return [i for i, s in enumerate(self.stages) if s.rank == rank]
+
+    def stages_by_rank(self) -> list[list[int]]:
+        """`stages_of_rank(r)` for every rank r in 0..ranks-1, in one pass. Stages placed
+        outside that range (an invalid schedule) are left out."""
+        held: list[list[int]] = [[] for _ in range(self.ranks)]
+        for i, s in enumerate(self.stages):
+            if 0 <= s.rank < self.ranks:
+                held[s.rank].append(i)
+        return held
 
     def tasks(self) -> Iterator[Task]:
         for program in self.programs:
             for item in program:
                 yield from unit_tasks(item)
-
-    def num_tasks(self) -> int:
-        return sum(len(unit_tasks(item)) for program in self.programs for item in program)
 
 
 def uniform_paths(stages: list[VirtualStage], microbatches: int) -> tuple[list[list[int]], list[int]]:

@@ -17,12 +17,18 @@ import io
 import re
 from pathlib import Path
 
+from .outputs import write_text
 from .ir import B, BW, F, W, Overlap, Schedule, ScheduleError, Task, VirtualStage, unit_tasks
 
 TO_OURS = {"F": F, "I": B, "W": W, "B": BW}
 TO_TORCH = {ours: theirs for theirs, ours in TO_OURS.items()}
 IMPLIED = {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"}
 _ACTION = re.compile(r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$")
+MAX_INDEX_DIGITS = 9
+"""Stage and microbatch numbers have at most this many digits (below 10**9); every
+stage 0..S-1 and microbatch 0..M-1 must also appear in the file, so S and M are at most
+the number of actions it holds."""
+_LONG_NUMBER = re.compile(r"\d{%d,}" % (MAX_INDEX_DIGITS + 1))
 _OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
 
 Action = tuple[str, int, int]  # (our op, torch stage, microbatch)
@@ -39,6 +45,9 @@ def parse_action(text: str) -> tuple[Action, ...] | None:
         if len(parts) != 2 or any(p is None or len(p) != 1 for p in parts):
             raise ScheduleError(f"OVERLAP_F_B must hold exactly two compute actions, got {text!r}")
         return parts[0] + parts[1]  # type: ignore[operator]
+    if _LONG_NUMBER.search(text):
+        raise ScheduleError(f"torch action {text[:40]!r}{'...' if len(text) > 40 else ''} has a number of more than "
+                            f"{MAX_INDEX_DIGITS} digits; stage and microbatch indices are below 10**{MAX_INDEX_DIGITS}")
     match = _ACTION.match(text)
     if not match:
         raise ScheduleError(f"not a torch pipelining action: {text!r} (expected e.g. 2F0, 1I3, 0W5, 3B1)")
@@ -72,11 +81,20 @@ def from_rows(rows: list[list[str]], name: str = "torch") -> Schedule:
                 mbs.add(mb)
             program.append(Overlap(*tasks) if len(tasks) == 2 else tasks[0])
         programs.append(program)
-    num_stages = max(placed) + 1 if placed else 0
-    missing = [s for s in range(num_stages) if s not in placed]
-    if missing or not placed:
-        raise ScheduleError(f"torch schedule never runs stage {missing[0] if missing else 0}")
-    microbatches = max(mbs) + 1
+    if not placed:
+        raise ScheduleError("torch schedule never runs stage 0")
+    # stages and microbatches are numbered densely from 0, so the largest index is below
+    # the count of distinct ones; checked before any list of that size is made
+    if max(placed) >= len(placed):
+        missing = next(s for s in range(len(placed) + 1) if s not in placed)
+        raise ScheduleError(f"torch schedule runs stage {max(placed)} but never stage {missing}; "
+                            "stages must be numbered 0..S-1")
+    if max(mbs) >= len(mbs):
+        missing = next(m for m in range(len(mbs) + 1) if m not in mbs)
+        raise ScheduleError(f"torch schedule runs microbatch {max(mbs)} but never microbatch {missing}; "
+                            "microbatches must be numbered 0..M-1")
+    num_stages = len(placed)
+    microbatches = len(mbs)
     stages = [VirtualStage(placed[s], s) for s in range(num_stages)]
     return Schedule(name, ranks, microbatches, stages, [list(range(num_stages))],
                     [0] * microbatches, programs)
@@ -90,7 +108,10 @@ def read_csv(path: str | Path, name: str | None = None) -> Schedule:
         raise ScheduleError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ScheduleError(f"{str(path)!r} is not UTF-8 text (a CSV file)") from None
-    rows = [row for row in csv.reader(io.StringIO(text))]
+    try:
+        rows = [row for row in csv.reader(io.StringIO(text))]
+    except csv.Error as exc:  # e.g. a cell longer than the csv module's field limit
+        raise ScheduleError(f"{str(path)!r} is not a torch CSV dump: {exc}") from None
     while rows and not any(c.strip() for c in rows[-1]):
         rows.pop()
     return from_rows(rows, name or Path(path).stem)
@@ -147,5 +168,11 @@ def _check_loss_order(schedule: Schedule, model: list[int]) -> None:
 
 def write_csv(schedule: Schedule, path: str | Path, overlap: bool = True) -> None:
     """`to_rows(schedule, overlap)` as a CSV file, one row per rank."""
-    with open(path, "w", newline="") as fh:
-        csv.writer(fh).writerows(to_rows(schedule, overlap))
+    write_text(path, rows_csv(to_rows(schedule, overlap)), newline="")
+
+
+def rows_csv(rows: list[list[str]]) -> str:
+    """Per-rank action rows as CSV text."""
+    buf = io.StringIO()
+    csv.writer(buf).writerows(rows)
+    return buf.getvalue()

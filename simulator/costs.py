@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesched.schedules.ir import B, BW, F, W
+from pipesched.schedules.outputs import write_text
 
 try:
     import tomllib
@@ -217,7 +218,8 @@ class CostModel:
     """Everything the simulator needs to time a schedule.
 
     stages: per pipeline stage; one entry applies to every stage.
-    model_stages: per model stage; used instead when a schedule has exactly this many.
+    model_stages: per model stage, instead of `stages`; a schedule must then have exactly
+        this many model stages (CostError otherwise).
     overlap: how an overlapped pair (a, b) runs: a + b - overlap * min(a, b);
         0 is serial, 1 is perfect overlap.
     contention: a directed link carries one transfer at a time (FIFO).
@@ -269,8 +271,14 @@ class CostModel:
         return self
 
     def model_stage_costs(self, ranks: int, num_model_stages: int) -> list[StageCost]:
-        """Costs of each of S model stages of a schedule on `ranks` ranks."""
-        if self.model_stages is not None and len(self.model_stages) == num_model_stages:
+        """Costs of each of S model stages of a schedule on `ranks` ranks. CostError when
+        `model_stages` is given for another number of model stages: silently using
+        `stages` instead would predict a model the user did not describe."""
+        if self.model_stages is not None:
+            if len(self.model_stages) != num_model_stages:
+                raise CostError(f"the costs give model_stages for {len(self.model_stages)} model stages but the "
+                                f"schedule has {num_model_stages}; calibrate for this schedule, or drop "
+                                "model_stages to scale the per-rank stages")
             return list(self.model_stages)
         if len(self.stages) not in (1, ranks):
             raise CostError(f"cost model gives {len(self.stages)} pipeline stages but the schedule has {ranks} ranks")
@@ -469,4 +477,5 @@ def load(path: str | Path) -> CostModel:
 
 
 def save(model: CostModel, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(to_dict(model), indent=2) + "\n")
+    """Write the cost file (JSON) atomically."""
+    write_text(path, json.dumps(to_dict(model), indent=2) + "\n")

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from pipesched.schedules.ir import OPS
+from pipesched.schedules.outputs import write_text
 
 from .trace import COMPUTE, RECV, SEND, Trace
 
@@ -46,12 +47,17 @@ def _threads(trace: Trace) -> tuple[np.ndarray, dict[int, list[tuple[int, str]]]
     """tid of every span, and per rank the (tid, name) of its threads in display order."""
     tid = np.zeros(len(trace), dtype=int)
     names: dict[int, list[tuple[int, str]]] = {}
+    # spans grouped by rank once, so the work is linear in spans plus ranks (a mask per
+    # rank would scan every span once per rank)
+    by_rank = np.argsort(trace.rank, kind="stable")
+    bounds = np.searchsorted(trace.rank[by_rank], np.arange(trace.ranks + 1))
     for r in range(trace.ranks):
-        groups: list[tuple[str, np.ndarray]] = [("compute", np.flatnonzero(trace.mask(COMPUTE, r)))]
+        mine = by_rank[bounds[r]:bounds[r + 1]]
+        groups: list[tuple[str, np.ndarray]] = [("compute", mine[trace.lane[mine] == COMPUTE])]
         for lane, word, arrow in ((SEND, "send", "to"), (RECV, "recv", "from")):
-            on = trace.mask(lane, r)
+            on = mine[trace.lane[mine] == lane]
             for peer in np.unique(trace.peer[on]):
-                groups.append((f"{word} {arrow} rank {peer}", np.flatnonzero(on & (trace.peer == peer))))
+                groups.append((f"{word} {arrow} rank {peer}", on[trace.peer[on] == peer]))
         names[r] = []
         for name, idx in groups:
             slot = _slots(trace.start[idx], trace.end[idx]) if len(idx) else np.zeros(0, dtype=int)
@@ -156,4 +162,4 @@ def save_chrome_trace(trace: Trace | list[tuple[str, Trace]], path: str | Path) 
     """Write `trace` (or several named traces, see `to_chrome_traces`) as trace-event JSON
     (open it in ui.perfetto.dev or chrome://tracing)."""
     doc = to_chrome_traces(trace) if isinstance(trace, list) else to_chrome_trace(trace)
-    Path(path).write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    write_text(path, json.dumps(doc, separators=(",", ":")) + "\n")

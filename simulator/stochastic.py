@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -36,10 +37,10 @@ class MakespanStats:
 
 
 def sample_makespans(graph: TaskGraph, costs: CostModel, runs: int, cv: float, seed: int = 0,
-                     engine: str = "exact") -> np.ndarray:
+                     engine: str = "exact", progress: Callable[[int, str], None] | None = None) -> np.ndarray:
     """Makespans (seconds) of `runs` independent noisy runs. Both engines give the same
     timeline for the same draws; "exact" is the faster, and shared compute always runs
-    the DES."""
+    the DES. `progress(done, what)` is called before each run and once at the end."""
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     if not (cv >= 0 and math.isfinite(cv)):
@@ -47,15 +48,19 @@ def sample_makespans(graph: TaskGraph, costs: CostModel, runs: int, cv: float, s
     rng = np.random.default_rng(seed)
     out = np.empty(runs)
     for i in range(runs):
+        if progress:
+            progress(i, f"run {i + 1}")
         timing = resolve(graph, costs, noise_cv=cv, rng=rng)
         timeline = longest_path(graph, timing) if engine == "exact" and costs.host is None \
             else run_des(graph, timing, costs.host)
         out[i] = max(timeline.unit_end)
+    if progress:
+        progress(runs, "done")
     return out
 
 
 def makespan_stats(graph: TaskGraph, costs: CostModel, runs: int, cv: float, seed: int = 0,
-                   engine: str = "exact") -> MakespanStats:
-    x = sample_makespans(graph, costs, runs, cv, seed, engine)
+                   engine: str = "exact", progress: Callable[[int, str], None] | None = None) -> MakespanStats:
+    x = sample_makespans(graph, costs, runs, cv, seed, engine, progress)
     return MakespanStats(runs, cv, seed, float(x.mean()), float(x.std()), float(np.percentile(x, 50)),
                          float(np.percentile(x, 95)), float(x.min()), float(x.max()))

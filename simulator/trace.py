@@ -21,6 +21,7 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 from pipesched.schedules.ir import OPS
+from pipesched.schedules.outputs import write_text
 
 FORMAT = "pipesched.trace/1"
 COMPUTE, SEND, RECV = 0, 1, 2
@@ -164,7 +165,8 @@ class Trace:
                 raise TraceError(f"trace {key} must be a string, got {data[key]!r}")
         if not isinstance(data.get("meta", {}), dict):
             raise TraceError(f"trace meta must be an object, got {type(data['meta']).__name__}")
-        spans = [_span(row, i, ranks, microbatches) for i, row in enumerate(_list(data["spans"], "spans"))]
+        rows = _list(data["spans"], "spans")
+        spans = [_span(row, i, ranks, microbatches, len(rows)) for i, row in enumerate(rows)]
         memory = _list(data["memory"], "memory")
         if len(memory) != ranks:
             raise TraceError(f"trace has memory for {len(memory)} ranks, expected {ranks}")
@@ -175,7 +177,8 @@ class Trace:
                               data.get("meta", {}))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()) + "\n")
+        """Write the trace (JSON) atomically: a failed write leaves the previous file."""
+        write_text(path, json.dumps(self.to_dict()) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
@@ -215,8 +218,10 @@ def _time(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _span(row: Any, i: int, ranks: int, microbatches: int) -> Span:
-    """One row of `spans`, checked: every field of the right type and in range."""
+def _span(row: Any, i: int, ranks: int, microbatches: int, spans: int) -> Span:
+    """One row of `spans`, checked: every field of the right type and in range. Virtual
+    stages are numbered 0..V-1 and each runs ops, so a stage index is below the number
+    of spans."""
     where = f"trace span {i}"
     if not isinstance(row, list) or len(row) != len(COLUMNS):
         raise TraceError(f"{where} must be a list of the {len(COLUMNS)} columns, got {str(row)[:80]}")
@@ -229,8 +234,9 @@ def _span(row: Any, i: int, ranks: int, microbatches: int) -> Span:
         raise TraceError(f"{where} has op {op!r}; ops are {', '.join(OPS)}")
     if not _is_int(mb) or not 0 <= mb < microbatches:
         raise TraceError(f"{where} has microbatch {mb!r}, outside 0..{microbatches - 1}")
-    if not _is_int(stage) or not 0 <= stage <= _INT32:
-        raise TraceError(f"{where} has stage {stage!r}, need an integer >= 0")
+    if not _is_int(stage) or not 0 <= stage < min(spans, _INT32):
+        raise TraceError(f"{where} has stage {stage!r}, need an integer in 0..{min(spans, _INT32) - 1} "
+                         "(virtual stages are numbered from 0, each with ops)")
     if not (_time(start) and _time(end) and start <= end):
         raise TraceError(f"{where} runs from {start!r} to {end!r}; times must be finite seconds, end >= start")
     transfer = lane != "compute"
@@ -245,4 +251,6 @@ def _span(row: Any, i: int, ranks: int, microbatches: int) -> Span:
 def _sample(x: Any, where: str) -> tuple[float, float]:
     if not (isinstance(x, list) and len(x) == 2 and _time(x[0]) and _time(x[1])):
         raise TraceError(f"trace {where} must be [seconds, bytes] with finite numbers, got {str(x)[:80]}")
+    if x[1] < 0:
+        raise TraceError(f"trace {where} holds {x[1]!r} bytes; memory is never negative")
     return float(x[0]), float(x[1])

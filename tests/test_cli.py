@@ -67,7 +67,7 @@ def test_simulate_a_file_with_costs_and_stochastic_runs(capsys, tmp_path):
     (["simulate", "1f1b", "-p", "2", "-m", "2", "--f", "-1"], "forward must be finite and >= 0"),
     (["simulate", "1f1b", "-p", "2", "-m", "2", "--bandwidth", "0"], "bandwidth must be > 0"),
     (["simulate", "1f1b", "-p", "2", "-m", "2", "--costs", "/no/such.json"], "cannot read cost file"),
-    (["simulate", "1f1b", "-p", "2", "-m", "2", "--runs", "0"], "--runs must be >= 1"),
+    (["simulate", "1f1b", "-p", "2", "-m", "2", "--runs", "0"], "--runs must be between 1 and"),
     (["simulate", "/no/such.json"], "cannot read schedule file"),
     (["show", "zb-v", "-p", "2", "-m", "4", "-v", "3"], "2 chunks per rank"),
     (["frobnicate"], "invalid choice"),

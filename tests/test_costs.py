@@ -52,11 +52,12 @@ def test_stage_costs_scale_with_the_number_of_model_stages():
     assert per_model[0].activation_memory == 20 and per_model[0].param_bytes == 500
 
 
-def test_explicit_model_stage_costs_win_when_the_count_matches():
+def test_explicit_model_stage_costs_win_and_must_match_the_schedule():
     own = tuple(StageCost(forward=k + 1) for k in range(4))
     model = CostModel(stages=(StageCost(),), model_stages=own)
     assert [s.forward for s in model.model_stage_costs(2, 4)] == [1, 2, 3, 4]
-    assert [s.forward for s in model.model_stage_costs(2, 2)] == [1, 1]  # other S: the stage rule
+    with pytest.raises(CostError, match="model_stages for 4 model stages but the schedule has 2"):
+        model.model_stage_costs(2, 2)  # silently using `stages` would predict another model
 
 
 @pytest.mark.parametrize("doc,message", [

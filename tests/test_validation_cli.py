@@ -4,6 +4,7 @@ written, and bad input refused before any process starts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,16 +21,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--hidden", "256", "--microbatch-size", "32", "--repeats", "5", "--calibration-warmup", "2"]
 
 
-def pipesched(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def pipesched(*args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipesched", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=None if env is None else {**os.environ, **env})
 
 
 def test_validate_reports_predicted_against_measured(tmp_path):
+    # no --out: a new folder in the temporary directory, announced on stderr beside --json
     proc = pipesched("validate", "zb-h1", "-p", "2", "-m", "8", *SMALL, "--steps", "5", "--warmup", "2",
-                     "--json", "--out", str(tmp_path))
+                     "--json", env={"TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
+    (folder,) = [p for p in tmp_path.iterdir()]
+    assert folder.name.startswith("pipesched-validate-") and f"wrote {folder}" in proc.stderr
+    tmp_path = folder
     for key in ("schedule", "predicted", "measured", "makespan_rel_error", "bubble_abs_error",
                 "start_time_error_p50", "start_time_error_p90", "peak_memory_rel_error", "per_rank", "per_op"):
         assert key in doc, key
@@ -91,7 +96,7 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     (["validate", "dualpipe", "-p", "3", "-m", "4"], "even number of ranks"),
     (["validate", "1f1b", "-p", "2", "-m", "4", "--steps", "0"], "--steps"),
     (["validate", "1f1b", "-p", "2", "-m", "4", "--backend", "nccl"], "CUDA"),
-    (["validate", "1f1b", "-p", "2", "-m", "4", "--out", "/proc/x"], "cannot create"),
+    (["validate", "1f1b", "-p", "2", "-m", "4", "--out", "/proc/x"], "cannot create --out"),
 ])
 def test_bad_input_is_refused_in_one_line_before_launch(args, message, tmp_path):
     if "--backend" in args:

@@ -11,12 +11,13 @@ import argparse
 import json
 import sys
 
-from pipesched.simulator.costs import to_dict
+from pipesched.simulator.costs import save, to_dict
 
-from ..executor_args import (add_calibration_args, add_executor_args, calibration_options, check_writable,
+from ..executor_args import (add_calibration_args, add_executor_args, calibration_options, check_launchable_ranks,
                              import_executor, model_from_args, prepare_checked)
 from ..options import add_schedule_args, schedule_from_args
 from ..tables import print_costs
+from ..terminal import check_outputs, wrote
 
 
 def add_parser(sub) -> None:
@@ -30,11 +31,12 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs({"-o": args.output}, {"SCHEDULE": args.schedule})
     import_executor("calibrate")
     from pipesched.executor.calibrate import calibrate
     from pipesched.executor.comm import ExecutorError
 
-    check_writable(args.output)
+    check_launchable_ranks(args.ranks)
     model = model_from_args(args)
     schedule = schedule_from_args(args)
     prepare_checked(schedule, model, args.backend)
@@ -45,13 +47,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if costs is None:  # a rank other than 0 under torchrun
         return 0
-    doc = to_dict(costs)
-    with open(args.output, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    save(costs, args.output)
     if args.json:
-        print(json.dumps(doc, indent=1))
+        print(json.dumps(to_dict(costs), indent=1))
     else:
         print_costs(costs)
-        print(f"wrote {args.output}")
+    wrote(args.output, to_stderr=args.json)
     return 0

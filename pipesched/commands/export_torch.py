@@ -9,11 +9,13 @@ import argparse
 import csv
 import sys
 
-from pipesched.schedules.torch_format import to_rows
+from pipesched.schedules.outputs import write_text
+from pipesched.schedules.torch_format import rows_csv, to_rows
 from pipesched.schedules.validate import validate
 
 from ..errors import UsageError
 from ..options import add_schedule_args, schedule_from_args
+from ..terminal import check_outputs, wrote
 
 
 def add_parser(sub) -> None:
@@ -30,6 +32,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.output and not args.output.endswith(".csv"):
         raise UsageError(f"-o must name a .csv file, got {args.output!r}")
+    check_outputs({"-o": args.output}, {"SCHEDULE": args.schedule})
     schedule = schedule_from_args(args)
     validate(schedule)
     rows = to_rows(schedule, overlap=not args.no_overlap)
@@ -40,11 +43,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--check needs torch (pip install 'pipesched[torch]'): {exc}") from None
         check_loads(case_from_rows(rows, schedule.name))
     if args.output:
-        with open(args.output, "w", newline="") as fh:
-            csv.writer(fh).writerows(rows)
-        print(f"wrote {args.output}: load it with torch's _PipelineScheduleRuntime._load_csv(path) "
-              f"(format='compute_only'); action stage k is model stage k"
-              + (", checked" if args.check else ""))
+        write_text(args.output, rows_csv(rows), newline="")
+        wrote(args.output, "load it with torch's _PipelineScheduleRuntime._load_csv(path) "
+              "(format='compute_only'); action stage k is model stage k" + (", checked" if args.check else ""))
     else:
         csv.writer(sys.stdout).writerows(rows)
     return 0

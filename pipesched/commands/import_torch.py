@@ -9,6 +9,7 @@ from pipesched.schedules.validate import validate
 
 from ..errors import UsageError
 from ..options import add_schedule_args, load_schedule
+from ..terminal import check_outputs, printable, wrote
 
 
 def add_parser(sub) -> None:
@@ -20,14 +21,15 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output and not args.output.endswith(".json"):
+        raise UsageError(f"-o must name a .json schedule file, got {args.output!r}")
+    check_outputs({"-o": args.output}, {"FILE.csv": args.schedule})
     source = args.schedule if args.schedule.endswith(".csv") else f"torch:{args.schedule.removeprefix('torch:')}"
     schedule = load_schedule(source, args.ranks, args.microbatches, args.chunks)
     validate(schedule)
     if args.output:
-        if not args.output.endswith(".json"):
-            raise UsageError(f"-o must name a .json schedule file, got {args.output!r}")
         fileformat.save(schedule, args.output)
-        print(f"wrote {args.output}: {schedule.name}, {schedule.ranks} ranks, {schedule.microbatches} microbatches")
+        wrote(args.output, f"{printable(schedule.name)}, {schedule.ranks} ranks, {schedule.microbatches} microbatches")
     else:
         sys.stdout.write(fileformat.dumps(schedule))
     return 0

@@ -9,7 +9,7 @@ from pipesched.simulator.trace import Trace
 
 from ..errors import UsageError
 from ..figure_options import add_figure_args, check_figure_args, figure_options, write_perfetto
-from ..options import check_writable
+from ..terminal import check_outputs, wrote
 
 
 def add_parser(sub) -> None:
@@ -29,9 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.output and not args.perfetto:
         raise UsageError("plot needs -o OUT.png|svg or --perfetto OUT.json")
     check_figure_args(args, args.output, "-o")
-    for path in (args.output, args.perfetto):
-        if path:
-            check_writable(path)
+    check_outputs({"-o": args.output, "--perfetto": args.perfetto}, {"TRACE": args.trace, "--vs": args.vs})
     if args.output:
         from ..plots.style import check_output
         check_output(args.output)
@@ -47,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if theirs is None:
         from ..plots.timeline import plot_timeline
         plot_timeline(trace, args.output, **figure_options(args))
+        wrote(args.output)
         return 0
     from ..plots.compare import plot_compare
     # the prediction is the reference: the one not measured, else the --vs trace
@@ -54,4 +53,5 @@ def run(args: argparse.Namespace) -> int:
     (measured, m_name), (reference, r_name) = (theirs, mine) if swap else (mine, theirs)
     names = (reference.source, measured.source) if reference.source != measured.source else (r_name, m_name)
     plot_compare(reference, measured, args.output, names=names, **figure_options(args))
+    wrote(args.output)
     return 0

@@ -11,10 +11,11 @@ import argparse
 import json
 import sys
 
-from ..executor_args import (add_executor_args, add_measurement_args, import_executor, model_from_args,
-                             prepare_checked, run_options)
+from ..executor_args import (add_executor_args, add_measurement_args, check_launchable_ranks, import_executor,
+                             model_from_args, prepare_checked, run_options)
 from ..formatting import fmt_bytes, fmt_seconds
 from ..options import add_schedule_args, schedule_from_args
+from ..terminal import check_outputs, printable, wrote
 
 
 def add_parser(sub) -> None:
@@ -28,10 +29,12 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs({"--trace": args.trace}, {"SCHEDULE": args.schedule})
     import_executor("run")
     from pipesched.executor.comm import ExecutorError
     from pipesched.executor.job import start
 
+    check_launchable_ranks(args.ranks)
     options = run_options(args)
     model = model_from_args(args)
     schedule = schedule_from_args(args)
@@ -45,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.trace:
         result.trace.save(args.trace)
+        wrote(args.trace, to_stderr=args.json)
     summary = result.summary()
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_table(s: dict, model_stages: int) -> None:
-    print(f"{s['schedule']}: {s['ranks']} ranks, {s['microbatches']} microbatches, {model_stages} model stages "
+    print(f"{printable(s['schedule'])}: {s['ranks']} ranks, {s['microbatches']} microbatches, {model_stages} model stages "
           f"({s['backend']}; {s['model']})")
     print(f"step time median {fmt_seconds(s['step_time_median'])} over {s['steps']} steps; median step: makespan "
           f"{fmt_seconds(s['makespan'])}, bubble {100 * s['bubble_ratio']:.2f} %, communication "

@@ -9,6 +9,7 @@ from pipesched.schedules.graph import unit_label
 from pipesched.schedules.validate import validate
 
 from ..options import add_schedule_args, schedule_from_args
+from ..terminal import printable
 
 
 def add_parser(sub) -> None:
@@ -24,13 +25,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(fileformat.dumps(schedule))
         return 0
-    print(f"{schedule.name}: {schedule.ranks} ranks, {schedule.microbatches} microbatches, "
+    print(f"{printable(schedule.name)}: {schedule.ranks} ranks, {schedule.microbatches} microbatches, "
           f"{schedule.num_model_stages} model stages on {len(schedule.stages)} virtual stages, "
           f"{len(schedule.paths)} path{'s' if len(schedule.paths) > 1 else ''}, {len(graph.tasks)} ops")
     print("ops: F forward, B input backward, W weight backward, BW full backward, X+Y overlapped; "
           "opMB@stage")
-    for r, units in enumerate(graph.rank_units):
-        held = ", ".join(f"{s} (model {schedule.stages[s].model_stage})" for s in schedule.stages_of_rank(r))
+    for r, (units, stages) in enumerate(zip(graph.rank_units, schedule.stages_by_rank())):
+        held = ", ".join(f"{s} (model {schedule.stages[s].model_stage})" for s in stages)
         print(f"rank {r} [stages {held}]:")
         print("  " + " ".join(unit_label(graph, u) for u in units))
     return 0

@@ -16,7 +16,14 @@ from pipesched.simulator.trace import Trace
 from ..errors import UsageError
 from ..figure_options import add_figure_args, check_figure_args, figure_options, write_perfetto
 from ..formatting import fmt_bytes, fmt_seconds
-from ..options import add_cost_args, add_schedule_args, check_writable, costs_from_args, schedule_from_args
+from ..options import add_cost_args, add_schedule_args, costs_from_args, schedule_from_args
+from ..terminal import Progress, check_outputs, printable, wrote
+
+MAX_RUNS = 100_000
+"""The most noisy runs --runs takes; each is a full simulation."""
+MAX_RUN_OPS = 200_000_000
+"""The most op simulations (runs x ops) --runs may ask for: at about 10 us per op, half
+an hour; more is almost surely a typo."""
 
 
 def add_parser(sub) -> None:
@@ -26,9 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--engine", choices=("auto", "des", "exact"), default="auto",
                    help="discrete-event simulation, the exact longest path (same timeline, faster, no shared "
                         "compute), or auto (default): exact unless ranks share compute")
-    p.add_argument("--runs", type=int, help="stochastic mode: this many noisy runs")
-    p.add_argument("--cv", type=float, default=0.1, help="coefficient of variation of op times (default 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the stochastic mode")
+    p.add_argument("--runs", type=int, help=f"stochastic mode: this many noisy runs (at most {MAX_RUNS:,})")
+    p.add_argument("--cv", type=float, help="with --runs: coefficient of variation of op times (default 0.1)")
+    p.add_argument("--seed", type=int, help="with --runs: random seed (default 0)")
     p.add_argument("--json", action="store_true", help="print metrics as JSON")
     p.add_argument("--trace", metavar="OUT.json", help="write the predicted Trace")
     p.add_argument("--plot", metavar="OUT.png|svg", help="draw the predicted timeline (with memory)")
@@ -50,7 +57,8 @@ def engine_label(trace: Trace) -> str:
 
 
 def print_table(m: Metrics, engine: str, model_stages: int) -> None:
-    print(f"{m.schedule}: {m.ranks} ranks, {m.microbatches} microbatches, {model_stages} model stages, {engine}")
+    print(f"{printable(m.schedule)}: {m.ranks} ranks, {m.microbatches} microbatches, {model_stages} model stages, "
+          f"{engine}")
     comm = (f"communication {fmt_seconds(m.comm_time)} ({100 * m.comm_hidden_fraction:.1f} % hidden under compute)"
             if m.comm_time > 0 else "communication free (no transfer costs given)")
     print(f"makespan {fmt_seconds(m.makespan)}, bubble {100 * m.bubble_ratio:.2f} %, {comm}")
@@ -65,17 +73,28 @@ def print_table(m: Metrics, engine: str, model_stages: int) -> None:
           f"{fmt_seconds(m.makespan)}; starts with {m.critical_path[0]}, ends with {m.critical_path[-1]}")
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.runs is not None and args.runs < 1:
-        raise UsageError(f"--runs must be >= 1, got {args.runs}")
+def check_stochastic_args(args: argparse.Namespace) -> None:
+    """--runs within its bound; --cv and --seed only with --runs (they do nothing else)."""
+    if args.runs is None:
+        given = [flag for flag, value in (("--cv", args.cv), ("--seed", args.seed)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} only applies to the stochastic mode; add --runs N or leave it out")
+        return
+    if not 1 <= args.runs <= MAX_RUNS:
+        raise UsageError(f"--runs must be between 1 and {MAX_RUNS:,}, got {args.runs}")
+    args.cv = 0.1 if args.cv is None else args.cv
+    args.seed = 0 if args.seed is None else args.seed
     if not (math.isfinite(args.cv) and args.cv >= 0):
         raise UsageError(f"--cv must be a finite number >= 0, got {args.cv}")
     if args.seed < 0:
         raise UsageError(f"--seed must be >= 0, got {args.seed}")
+
+
+def run(args: argparse.Namespace) -> int:
+    check_stochastic_args(args)
     check_figure_args(args, args.plot, "--plot")
-    for path in (args.trace, args.plot, args.perfetto):
-        if path:
-            check_writable(path)
+    check_outputs({"--trace": args.trace, "--plot": args.plot, "--perfetto": args.perfetto},
+                  {"SCHEDULE": args.schedule, "--costs": args.costs})
     if args.plot:
         from ..plots.style import check_output  # matplotlib only when drawing
         check_output(args.plot)
@@ -88,23 +107,29 @@ def run(args: argparse.Namespace) -> int:
     metrics = compute_metrics(trace, graph)
     stats = None
     if args.runs:
+        if args.runs * len(graph.tasks) > MAX_RUN_OPS:
+            raise UsageError(f"--runs {args.runs} x {len(graph.tasks):,} ops is more than the {MAX_RUN_OPS:,} op "
+                             f"simulations the stochastic mode runs; use at most "
+                             f"{max(1, MAX_RUN_OPS // len(graph.tasks)):,} runs")
+        bar = Progress("simulate --runs", args.runs)
         try:
             with np.errstate(over="ignore", invalid="ignore"):
-                stats = makespan_stats(graph, costs, args.runs, args.cv, args.seed)
+                stats = makespan_stats(graph, costs, args.runs, args.cv, args.seed, progress=bar)
         except OverflowError:
             stats = None
+        finally:
+            bar.close()
         if stats is None or not math.isfinite(stats.max):
             raise UsageError(f"the noisy runs overflow to infinity at --cv {args.cv:g}; lower --cv or the costs")
     if args.trace:
-        try:
-            trace.save(args.trace)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.trace!r}: {exc.strerror or exc}") from None
+        trace.save(args.trace)
+        wrote(args.trace, to_stderr=args.json)
     if args.perfetto:
-        write_perfetto(trace, args.perfetto)
+        write_perfetto(trace, args.perfetto, to_stderr=args.json)
     if args.plot:
         from ..plots.timeline import plot_timeline
         plot_timeline(trace, args.plot, **figure_options(args))
+        wrote(args.plot, to_stderr=args.json)
     if args.json:
         out = summary(metrics)
         out["model_stages"] = schedule.num_model_stages

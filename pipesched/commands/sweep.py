@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
-import time
 from dataclasses import asdict, fields
 from typing import Callable, TextIO
 
 from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.outputs import atomic_path
 from pipesched.schedules.registry import BUILDERS
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostModel
+from pipesched.simulator.costs import CostError, CostModel
 from pipesched.simulator.metrics import compute_metrics
 
+from .. import terminal
 from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds
-from ..options import add_cost_args, check_writable, costs_from_args, load_schedule
+from ..options import add_cost_args, costs_from_args, load_schedule
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
 
@@ -61,34 +61,9 @@ def parse_schedules(text: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-class Progress:
-    """A one-line progress bar on `stream`: redrawn in place on a terminal; elsewhere a
-    line per tenth, and only once the sweep has run PROGRESS_AFTER_S seconds."""
-
-    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30):
-        # sys.stderr looked up now, not at import: callers (and tests) may have replaced it
-        self.total, self.stream, self.width = total, stream or sys.stderr, width
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.t0 = time.monotonic()
-        self.shown = 0  # tenths already reported on a non-terminal
-        self.drawn = False
-
-    def __call__(self, done: int, what: str) -> None:
-        elapsed = time.monotonic() - self.t0
-        if self.tty:
-            full = self.width * done // self.total
-            self.stream.write(f"\rsweep [{'#' * full}{'.' * (self.width - full)}] {done}/{self.total} "
-                              f"{elapsed:.0f}s {what:<30.30}")
-            self.drawn = True
-        elif elapsed >= PROGRESS_AFTER_S and 10 * done // self.total > self.shown:
-            self.shown = 10 * done // self.total
-            self.stream.write(f"sweep: {done}/{self.total} done after {elapsed:.0f} s\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+def Progress(total: int, stream: TextIO | None = None) -> terminal.Progress:
+    """The sweep's progress bar (see `terminal.Progress`)."""
+    return terminal.Progress("sweep", total, stream, after_s=PROGRESS_AFTER_S)
 
 
 def sweep(schedules: list[str], ranks: int, microbatches: list[int], costs: CostModel,
@@ -106,7 +81,7 @@ def sweep(schedules: list[str], ranks: int, microbatches: list[int], costs: Cost
         v = chunks if BUILDERS[name].chunks is None else None
         try:
             graph = validate(load_schedule(name, ranks, m, v, costs))
-        except ScheduleError as exc:
+        except (ScheduleError, CostError) as exc:  # e.g. calibrated model_stages for another S
             points.append(SweepPoint(name, ranks, m, error=str(exc)))
             continue
         met = compute_metrics(simulate(graph, costs, engine=engine))
@@ -118,14 +93,11 @@ def sweep(schedules: list[str], ranks: int, microbatches: list[int], costs: Cost
 
 
 def write_csv(points: list, path: str) -> None:
-    try:
-        with open(path, "w", newline="") as f:
-            out = csv.DictWriter(f, [x.name for x in fields(points[0])])
-            out.writeheader()
-            for p in points:
-                out.writerow({k: ("" if v is None or v != v else v) for k, v in asdict(p).items()})
-    except OSError as exc:
-        raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        out = csv.DictWriter(f, [x.name for x in fields(points[0])])
+        out.writeheader()
+        for p in points:
+            out.writerow({k: ("" if v is None or v != v else v) for k, v in asdict(p).items()})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,9 +107,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-v must be >= 1, got {args.chunks}")
     counts = parse_counts(args.microbatches)
     names = parse_schedules(args.schedules)
-    for path in (args.plot, args.csv):
-        if path:
-            check_writable(path)
+    if args.chunks is not None and all(BUILDERS[n].chunks is not None for n in names):
+        raise UsageError(f"-v applies to schedules with a chosen number of chunks "
+                         f"({', '.join(n for n, b in BUILDERS.items() if b.chunks is None)}); none is swept")
+    terminal.check_outputs({"--plot": args.plot, "--csv": args.csv}, {"--costs": args.costs})
+    if args.pareto_m is not None and not args.plot:
+        raise UsageError("--pareto-m chooses the chart's Pareto panel; it needs --plot")
     if args.plot:
         from ..plots.style import check_output
         check_output(args.plot)
@@ -162,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
                   f"{100 * p.bubble_ratio:>6.2f}%  {fmt_bytes(p.peak_memory):>12}")
     if args.csv:
         write_csv(points, args.csv)
+        terminal.wrote(args.csv)
     if args.plot:
         from ..plots.sweep import plot_sweep
         plot_sweep(points, args.plot, pareto_m=args.pareto_m)
+        terminal.wrote(args.plot)
     return 0

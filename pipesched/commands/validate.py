@@ -10,15 +10,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
+
+from pipesched.schedules.outputs import check_distinct
 
 from ..errors import UsageError
 from ..executor_args import (add_calibration_args, add_executor_args, add_measurement_args, calibration_options,
-                             import_executor, model_from_args, prepare_checked, run_options)
+                             check_launchable_ranks, import_executor, model_from_args, prepare_checked, run_options)
 from ..formatting import fmt_bytes, fmt_seconds
 from ..options import add_schedule_args, schedule_from_args
 from ..tables import print_costs
+from ..terminal import printable, wrote
 
 
 def add_parser(sub) -> None:
@@ -27,35 +32,39 @@ def add_parser(sub) -> None:
     add_executor_args(p)
     add_calibration_args(p)
     add_measurement_args(p, warmup=2)
-    p.add_argument("--out", metavar="DIR", default="pipesched-validate",
+    p.add_argument("--out", metavar="DIR",
                    help="write predicted.json, measured.json, costs.json and validate.png here "
-                        "(default ./pipesched-validate)")
+                        "(default: a new folder pipesched-validate-* in the temporary directory)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:  # before torch is imported: refused at once
+        check_out_folder(args.out, args.schedule)
     import_executor("validate")
     from pipesched.executor.comm import ExecutorError
     from pipesched.executor.validation import validate_schedule
     from pipesched.simulator.costs import save
 
     options = run_options(args)
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create {args.out!r}: {exc.strerror or exc}") from None
+    check_launchable_ranks(args.ranks)
     model = model_from_args(args)
     schedule = schedule_from_args(args)
     prepare_checked(schedule, model, args.backend)
     calibration = calibration_options(args)
+    out = make_out_folder(args.out)  # the last check before the long work
     try:
         result = validate_schedule(schedule, model, options, calibration, args.backend)
     except ExecutorError as exc:
         print(f"pipesched: error: {exc}", file=sys.stderr)
+        _remove_if_empty(out)
         return 1
+    except BaseException:
+        _remove_if_empty(out)
+        raise
     if result is None:  # a rank other than 0 under torchrun
+        _remove_if_empty(out)
         return 0
     result.predicted.save(out / "predicted.json")
     result.measured.save(out / "measured.json")
@@ -63,13 +72,50 @@ def run(args: argparse.Namespace) -> int:
     from ..plots.compare import plot_compare
     plot_compare(result.predicted, result.measured, out / "validate.png")
     summary = result.summary()
-    summary["files"] = [str(out / name) for name in ("predicted.json", "measured.json", "costs.json", "validate.png")]
+    summary["files"] = [str(out / name) for name in OUT_FILES]
     if args.json:
         print(json.dumps(summary, indent=1))
+        wrote(out, "predicted.json, measured.json, costs.json, validate.png", to_stderr=True)
     else:
         print_report(summary, result.costs)
     check = result.run.check
     return 1 if check is not None and not (check.loss_matches and check.grads_match) else 0
+
+
+def check_out_folder(out: str, schedule: str) -> None:
+    """UsageError before any work unless --out is (or can be made) a writable folder
+    whose files are not the input schedule."""
+    folder = Path(out)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:  # the folders --out would create
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out {out!r} cannot be a folder: {str(existing)!r} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write into --out {out!r}: permission denied in {str(existing)!r}")
+    check_distinct({f"--out file {name}": str(folder / name) for name in OUT_FILES}, {"SCHEDULE": schedule})
+
+
+OUT_FILES = ("predicted.json", "measured.json", "costs.json", "validate.png")
+
+
+def make_out_folder(out: str | None) -> Path:
+    """The folder the results go to: --out (created if need be), else a new folder
+    pipesched-validate-* in the temporary directory (never the working directory)."""
+    if out is None:
+        return Path(tempfile.mkdtemp(prefix="pipesched-validate-"))
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out {out!r}: {exc.strerror or exc}") from None
+    return Path(out)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()  # only succeeds when nothing was written into it
+    except OSError:
+        pass
 
 
 def _pct(x: float) -> str:
@@ -77,7 +123,7 @@ def _pct(x: float) -> str:
 
 
 def print_report(s: dict, costs) -> None:
-    print(f"{s['schedule']}: {s['ranks']} ranks, {s['microbatches']} microbatches ({s['backend']}; {s['model']})")
+    print(f"{printable(s['schedule'])}: {s['ranks']} ranks, {s['microbatches']} microbatches ({s['backend']}; {s['model']})")
     print_costs(costs)
     if s["shared_compute"]:
         h = s["host"]
@@ -105,4 +151,4 @@ def print_report(s: dict, costs) -> None:
     print(f"median op time, predicted vs measured: {ops}")
     if s["loss_matches_reference"] is not None:
         print(f"gradients: max relative error {s['max_grad_rel_error']:.2g} against the unpipelined model")
-    print("wrote " + ", ".join(s["files"]))
+    print("wrote " + ", ".join(printable(f) for f in s["files"]))

@@ -11,6 +11,8 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from pipesched.schedules.outputs import atomic_path  # noqa: E402
+
 from . import FigureError  # noqa: E402
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -88,17 +90,16 @@ def check_output(path: str | Path) -> Path:
 
 
 def save(fig: Figure, path: str | Path) -> Path:
-    """Write `fig` as PNG, SVG or PDF (by extension); FigureError if that is impossible."""
+    """Write `fig` as PNG, SVG or PDF (by extension), atomically: a failed write leaves
+    the previous file as it was (OutputError)."""
     path = check_output(path)
     suffix = path.suffix.lower()
-    try:
+    with atomic_path(path) as tmp:
         if suffix == ".png":
-            _save_png(fig, path)
+            _save_png(fig, tmp)
         else:
             # no dates or versions in the file, so regenerated figures only change when the picture does
-            fig.savefig(path, dpi=DPI, metadata=_NO_STAMP[suffix])
-    except OSError as exc:
-        raise FigureError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+            fig.savefig(tmp, dpi=DPI, metadata=_NO_STAMP[suffix])
     return path
 
 
