@@ -25,7 +25,7 @@ def check_figure_args(args: argparse.Namespace, output: str | None, flag: str) -
     given = [name for name, on in (("--window", args.window is not None), ("--figsize", args.figsize is not None),
                                    ("--no-memory", args.no_memory), ("--title", args.title is not None)) if on]
     if given and output is None:
-        raise UsageError(f"{', '.join(given)} only shape a figure: add {flag} OUT.png")
+        raise UsageError(f"{', '.join(given)} only shape{'s' if len(given) == 1 else ''} a figure: add {flag} OUT.png")
 
 
 def _pair(what: str):

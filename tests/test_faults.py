@@ -360,8 +360,8 @@ def test_long_stochastic_runs_report_progress_on_stderr(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv,message", [
     (["sweep", "-p", "2", "-m", "4", "--schedules", "1f1b,zb-v", "-v", "3"], "-v applies to schedules"),
-    (["plot", "TRACE", "--perfetto", "OUT", "--title", "x"], "--title applies to the figure"),
-    (["plot", "TRACE", "--perfetto", "OUT", "--no-memory"], "--no-memory applies to the figure"),
+    (["plot", "TRACE", "--perfetto", "OUT", "--title", "x"], "--title only shapes a figure"),
+    (["plot", "TRACE", "--perfetto", "OUT", "--no-memory"], "--no-memory only shapes a figure"),
 ])
 def test_options_that_would_do_nothing_are_refused(capsys, files, tmp_path, argv, message):
     _, _, trace = files
