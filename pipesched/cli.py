@@ -11,7 +11,7 @@ import sys
 
 from .errors import INPUT_ERRORS, UsageError
 
-COMMANDS = ("list", "show", "simulate", "sweep", "plot", "run", "calibrate", "validate",
+COMMANDS = ("list", "show", "simulate", "sweep", "plan", "plot", "run", "calibrate", "validate",
             "import-torch", "export-torch")
 
 

@@ -64,9 +64,9 @@ class Progress:
     """A one-line progress bar on `stream`: redrawn in place on a terminal; elsewhere a
     line per tenth, and only once the sweep has run PROGRESS_AFTER_S seconds."""
 
-    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30):
+    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30, label: str = "sweep"):
         # sys.stderr looked up now, not at import: callers (and tests) may have replaced it
-        self.total, self.stream, self.width = total, stream or sys.stderr, width
+        self.total, self.stream, self.width, self.label = max(total, 1), stream or sys.stderr, width, label
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.monotonic()
         self.shown = 0  # tenths already reported on a non-terminal
@@ -76,12 +76,12 @@ class Progress:
         elapsed = time.monotonic() - self.t0
         if self.tty:
             full = self.width * done // self.total
-            self.stream.write(f"\rsweep [{'#' * full}{'.' * (self.width - full)}] {done}/{self.total} "
+            self.stream.write(f"\r{self.label} [{'#' * full}{'.' * (self.width - full)}] {done}/{self.total} "
                               f"{elapsed:.0f}s {what:<30.30}")
             self.drawn = True
         elif elapsed >= PROGRESS_AFTER_S and 10 * done // self.total > self.shown:
             self.shown = 10 * done // self.total
-            self.stream.write(f"sweep: {done}/{self.total} done after {elapsed:.0f} s\n")
+            self.stream.write(f"{self.label}: {done}/{self.total} done after {elapsed:.0f} s\n")
         self.stream.flush()
 
     def close(self) -> None:

@@ -1,0 +1,308 @@
+"""`pipesched plan`: the fastest schedule that fits a memory budget per rank.
+
+Builds every built-in and zb-auto (searched under the budget) for the costs at each
+microbatch count and v asked for, simulates them, drops what does not fit, ranks the
+rest by throughput, prints the Pareto front of throughput against peak memory, and
+writes the winner as a schedule file that `simulate`, `run` and `validate` take.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from pipesched.schedules import fileformat
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.schedules.validate import validate
+from pipesched.simulator.costs import CostModel
+from pipesched.simulator.stochastic import makespan_stats
+
+from ..budget import Budget, Evaluation, build_within, engine_for, evaluate
+from ..errors import UsageError
+from ..options import (add_budget_args, add_cost_args, budget_from_args, check_writable, costs_from_args, fmt_bytes,
+                       fmt_seconds)
+from .sweep import Progress, parse_counts
+
+JITTER_RUNS, JITTER_CV, JITTER_TOP = 20, 0.1, 5  # p95 of the makespan for the best few
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="find the fastest schedule that fits a memory budget per rank")
+    p.add_argument("-p", "--ranks", type=int, required=True, help="pipeline ranks")
+    p.add_argument("-m", "--microbatches", metavar="M1,M2,...|A..B",
+                   help="microbatch counts: a list, or A..B for A, 2A, 4A, ... up to B (default 2p)")
+    p.add_argument("--global-batch", type=int, metavar="G", help="samples per step (with --microbatch-size: m = G/size)")
+    p.add_argument("--microbatch-size", type=int, metavar="S", help="samples per microbatch (throughput in samples/s)")
+    p.add_argument("-v", "--chunks", default="1,2", metavar="V1,V2", help="chunks per rank to try (default 1,2)")
+    p.add_argument("--schedules", metavar="A,B,...", help="built-ins to consider (default: all, with zb-auto)")
+    add_budget_args(p)
+    add_cost_args(p)
+    p.add_argument("-o", "--output", metavar="FILE.json", help="write the winning schedule file")
+    p.add_argument("--plot", metavar="OUT.png|svg", help="draw the winner's predicted timeline")
+    p.add_argument("--top", type=int, default=15, metavar="N", help="rows of the ranked table (default 15)")
+    p.add_argument("--json", action="store_true", help="print best, candidates and Pareto front as JSON")
+    p.set_defaults(handler=run)
+
+
+@dataclass
+class Candidate:
+    schedule: str
+    microbatches: int
+    v: int
+    result: Evaluation | None = None
+    error: str | None = None
+    p95: float | None = None
+
+    def throughput(self, samples: int | None) -> float:
+        """Microbatches (or samples, given their size) per second."""
+        return self.microbatches * (samples or 1) / self.result.makespan
+
+    def to_dict(self, samples: int | None, budget: Budget) -> dict:
+        d = {"schedule": self.schedule, "microbatches": self.microbatches, "v": self.v}
+        if self.result is None:
+            return {**d, "error": self.error}
+        r = self.result
+        d.update(makespan=r.makespan, throughput=self.throughput(samples), bubble=r.bubble,
+                 peak_memory=r.peak_bytes, peak_activations=r.peak_activations, fits=r.fits,
+                 headroom_bytes=None if budget.memory_limit is None else budget.memory_limit - r.peak_bytes,
+                 headroom_activations=None if budget.max_activations is None
+                 else budget.max_activations - r.peak_activations, p95=self.p95)
+        if self.schedule == "zb-auto":
+            d["origin"] = r.schedule.params.get("origin")
+        return d
+
+
+def parse_range(text: str | None, ranks: int) -> list[int]:
+    if text is None:
+        return [2 * ranks]
+    if ".." in text:
+        lo_hi = text.split("..")
+        try:
+            lo, hi = int(lo_hi[0]), int(lo_hi[1])
+        except (ValueError, IndexError):
+            raise UsageError(f"-m A..B needs two integers, got {text!r}") from None
+        if lo < 1 or hi < lo or len(lo_hi) != 2:
+            raise UsageError(f"-m A..B needs 1 <= A <= B, got {text!r}")
+        out = []
+        while lo <= hi:
+            out.append(lo)
+            lo *= 2
+        return out
+    return parse_counts(text)
+
+
+def parse_chunks(text: str) -> list[int]:
+    try:
+        vs = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        vs = []
+    if not vs or min(vs) < 1:
+        raise UsageError(f"-v needs comma-separated integers >= 1 (e.g. 1,2), got {text!r}")
+    return vs
+
+
+def chunk_options(name: str, vs: list[int]) -> list[int | None]:
+    """The -v values to build `name` with: its fixed v when asked for, else each asked v
+    (zb-auto: 1 and 2 only)."""
+    b = BUILDERS[name]
+    if b.chunks is not None:
+        return [None] if b.chunks in vs else []
+    return [v for v in vs if not b.searches or v in (1, 2)]
+
+
+def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs: CostModel,
+           budget: Budget, progress=None) -> list[Candidate]:
+    """Every (schedule, m, v), built and simulated; zb-auto searched under `budget`
+    against the built-ins already built at that m and v."""
+    todo = [(name, m, v) for m in counts for name in names for v in chunk_options(name, vs)]
+    out: list[Candidate] = []
+    built: dict[tuple[int, int], list] = {}  # (m, v) -> built-in schedules, for zb-auto
+    seen: dict[int, Evaluation] = {}
+    op_time = costs.op_time_for(ranks)
+    for done, (name, m, v) in enumerate(todo):
+        if progress:
+            progress(done, f"{name} m={m}" + (f" v={v}" if v else ""))
+        try:
+            if BUILDERS[name].searches:
+                others = [c.result.schedule for c in out if c.result and c.microbatches == m and c.v == v]
+                schedule = build_within(name, ranks, m, v, costs, budget, builtins=others, seen=seen)
+            else:
+                schedule = build(name, ranks, m, v, op_time)
+        except ScheduleError as exc:
+            out.append(Candidate(name, m, v or BUILDERS[name].chunks or 1, error=str(exc)))
+            continue
+        chunks = schedule.num_model_stages // ranks
+        result = seen.get(id(schedule)) or evaluate(schedule, costs, budget)
+        if result.schedule is not schedule:  # zb-auto renamed the winner it scored
+            result = Evaluation(schedule, result.makespan, result.bubble, result.peak_bytes,
+                                result.peak_activations, result.fits)
+        out.append(Candidate(name, m, chunks, result))
+    if progress:
+        progress(len(todo), "done")
+    return out
+
+
+def pareto(rows: list[Candidate], samples: int | None) -> list[Candidate]:
+    """Fitting candidates no other beats on both throughput and peak memory."""
+    key = lambda c: (c.result.peak_bytes, c.result.peak_activations)  # noqa: E731
+    front = []
+    for c in sorted(rows, key=lambda c: (key(c), -c.throughput(samples))):
+        if not front or c.throughput(samples) > front[-1].throughput(samples) * (1 + 1e-12):
+            front.append(c)
+    return front
+
+
+def write_atomically(text: str, path: str) -> None:
+    """Write `path` via a temporary file in its folder and os.replace, so a reader never
+    sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".pipesched-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+
+
+def cost_words(args: argparse.Namespace) -> str:
+    """The cost options as given, to repeat in the suggested commands."""
+    argv = sys.argv[1:] if sys.argv and "plan" in sys.argv[1:2] else []
+    keep, skip_next = [], False
+    flags = {"--costs", "--f", "--b", "--w", "--latency", "--bandwidth", "--activation-bytes", "--activation-memory",
+             "--weight-memory", "--param-bytes", "--ranks-per-node", "--inter-latency", "--inter-bandwidth",
+             "--overlap", "--op-overhead", "--shared-compute", "--rank-demand", "--wait-demand"}
+    for i, word in enumerate(argv):
+        if skip_next:
+            keep.append(word)
+            skip_next = False
+        elif word.split("=")[0] in flags:
+            keep.append(word)
+            skip_next = "=" not in word
+        elif word in ("--no-contention", "--blocking-sends"):
+            keep.append(word)
+    return " ".join(keep)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ranks < 1:
+        raise UsageError(f"-p must be >= 1, got {args.ranks}")
+    if args.top < 1:
+        raise UsageError(f"--top must be >= 1, got {args.top}")
+    samples = args.microbatch_size
+    if samples is not None and samples < 1:
+        raise UsageError(f"--microbatch-size must be >= 1, got {samples}")
+    if args.global_batch is not None:
+        if samples is None or args.microbatches is not None:
+            raise UsageError("--global-batch needs --microbatch-size (and no -m): m = global batch / size")
+        if args.global_batch < 1 or args.global_batch % samples:
+            raise UsageError(f"--global-batch {args.global_batch} is not a positive multiple of --microbatch-size {samples}")
+        counts = [args.global_batch // samples]
+    else:
+        counts = parse_range(args.microbatches, args.ranks)
+    vs = parse_chunks(args.chunks)
+    names = list(BUILDERS) if args.schedules is None else [x.strip() for x in args.schedules.split(",") if x.strip()]
+    unknown = [n for n in names if n not in BUILDERS]
+    if unknown or not names:
+        raise UsageError(f"unknown schedule {unknown[0] if unknown else ''!r} in --schedules; built-in schedules are "
+                         f"{', '.join(BUILDERS)}")
+    names = sorted(set(names), key=lambda n: (BUILDERS[n].searches, list(BUILDERS).index(n)))  # zb-auto last
+    budget = budget_from_args(args)
+    for path in (args.output, args.plot):
+        if path:
+            check_writable(path)
+    if args.plot:
+        from ..plots.style import check_output
+        check_output(args.plot)
+    costs = costs_from_args(args)
+    bar = Progress(sum(len(chunk_options(n, vs)) for n in names) * len(counts), label="plan")
+    try:
+        found = search(names, args.ranks, counts, vs, costs, budget, bar)
+    finally:
+        bar.close()
+    built = [c for c in found if c.result]
+    fitting = sorted((c for c in built if c.result.fits), key=lambda c: -c.throughput(samples))
+    if not fitting:
+        least = min(built, key=lambda c: c.result.peak_bytes, default=None)
+        raise UsageError(f"no schedule fits the memory budget ({budget.describe()})"
+                         + (f"; the smallest, {least.schedule} at m={least.microbatches}, holds "
+                            f"{least.result.peak_activations:g} microbatches of activations, "
+                            f"{fmt_bytes(least.result.peak_bytes)}" if least else ""))
+    graphs_engine = engine_for(costs)
+    for c in fitting[:JITTER_TOP]:
+        stats = makespan_stats(validate(c.result.schedule), costs, JITTER_RUNS, JITTER_CV, 0, graphs_engine)
+        c.p95 = stats.p95
+    best = fitting[0]
+    front = pareto(fitting, samples)
+    if args.output:
+        write_atomically(fileformat.dumps(best.result.schedule), args.output)
+    if args.plot:
+        from ..plots.timeline import plot_timeline
+        from pipesched.simulator.api import simulate
+        plot_timeline(simulate(best.result.schedule, costs, engine=graphs_engine), args.plot)
+    if args.json:
+        cands = [c.to_dict(samples, budget) for c in found]
+        print(json.dumps({"ranks": args.ranks, "budget": {"max_activations": budget.max_activations,
+                                                          "memory_limit": budget.memory_limit},
+                          "best": best.to_dict(samples, budget), "candidates": cands,
+                          "pareto": [c.to_dict(samples, budget) for c in front],
+                          "output": args.output}, indent=1, default=_nan_none))
+        return 0
+    show_table(args, found, fitting, front, best, budget, samples, costs)
+    return 0
+
+
+def _nan_none(x):
+    return None
+
+
+def show_table(args, found, fitting, front, best, budget: Budget, samples, costs: CostModel) -> None:
+    bytes_given = any(c.result.peak_bytes > 0 for c in fitting)
+    unit = "samples/s" if samples else "mb/s"
+    dropped = sum(1 for c in found if c.result and not c.result.fits)
+    failed = sum(1 for c in found if not c.result)
+    print(f"plan for p={args.ranks}, budget {budget.describe()}: {len(found)} candidates, {len(fitting)} fit, "
+          f"{dropped} over the budget, {failed} not buildable")
+    head = f"{'#':>3} {'schedule':<17} {'m':>4} {'v':>2}  {'makespan':>10}  {'throughput':>12}  {'bubble':>7}  "
+    head += f"{'peak mem':>10}  " if bytes_given else ""
+    head += f"{'activ.':>6}  {'headroom':>10}  {'p95':>10}"
+    print(head)
+    for i, c in enumerate(fitting[:args.top], 1):
+        r = c.result
+        if budget.memory_limit is not None and bytes_given:
+            room = fmt_bytes(budget.memory_limit - r.peak_bytes)
+        elif budget.max_activations is not None:
+            room = f"{budget.max_activations - r.peak_activations:g} mb"
+        else:
+            room = "-"
+        line = (f"{i:>3} {c.schedule:<17} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
+                f"{c.throughput(samples):>8.4g} {unit:<3}  {100 * r.bubble:>6.2f}%  ")
+        line += f"{fmt_bytes(r.peak_bytes):>10}  " if bytes_given else ""
+        line += f"{r.peak_activations:>6g}  {room:>10}  {fmt_seconds(c.p95) if c.p95 else '-':>10}"
+        print(line)
+    if len(fitting) > args.top:
+        print(f"... {len(fitting) - args.top} more (--top N, or --json for all)")
+    print("Pareto front (throughput against peak memory): " + ", ".join(
+        f"{c.schedule} m={c.microbatches} v={c.v} ({c.throughput(samples):.4g} {unit}, "
+        f"{fmt_bytes(c.result.peak_bytes) if bytes_given else f'{c.result.peak_activations:g} mb'})" for c in front))
+    print(f"p95: makespan of {JITTER_RUNS} runs with op times jittered by cv {JITTER_CV} (best {JITTER_TOP} only); "
+          "activ.: microbatches of one pipeline stage's activations held (1F1B holds p)")
+    origin = f" (built from {best.result.schedule.params['origin']})" if best.schedule == "zb-auto" else ""
+    print(f"best: {best.schedule}{origin} with m={best.microbatches}, v={best.v}: makespan "
+          f"{fmt_seconds(best.result.makespan)}, peak {fmt_bytes(best.result.peak_bytes) if bytes_given else ''}"
+          f"{' / ' if bytes_given else ''}{best.result.peak_activations:g} microbatches of activations")
+    if args.output:
+        words = cost_words(args)
+        print(f"wrote {args.output}")
+        print(f"  predict it: pipesched simulate {args.output} {words}".rstrip())
+        print(f"  run it:     pipesched run {args.output}   (and pipesched validate {args.output} to compare "
+              f"with the prediction)")
+    if args.plot:
+        print(f"wrote {args.plot}")
