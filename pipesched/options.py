@@ -64,7 +64,10 @@ def budget_from_args(args: argparse.Namespace) -> Budget:
     n = getattr(args, "max_activations", None)
     if n is not None and not (math.isfinite(n) and n >= 1):
         raise UsageError(f"--max-activations must be a number >= 1 (microbatches), got {n:g}")
-    return Budget(n, getattr(args, "memory_limit", None))
+    limit = getattr(args, "memory_limit", None)
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise UsageError(f"--memory-limit must be a size > 0 (e.g. 40GiB), got {limit:g} bytes")
+    return Budget(n, limit)
 
 
 def cost_flags_given(args: argparse.Namespace) -> bool:
