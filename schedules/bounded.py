@@ -9,6 +9,12 @@ that frees it (W, or a fused BW). Microbatches are admitted in increasing order,
 long as a rank can hold one microbatch the play never deadlocks: the oldest unfinished
 microbatch always has room on every rank (everything older is finished).
 
+With two chunks per rank only the admission needs room for both: afterwards the
+rank holds what it has run, and a second-chunk forward needs room for itself alone.
+The oldest unfinished microbatch still finds it: everything older has been freed and
+every admission left room for one second chunk (forwards of a stage run in microbatch
+order, so no newer second chunk can take it first).
+
 A rank that is free runs, in turn of preference: a ready backward or forward (which,
 when both are ready, is the `Play.prefer` choice), else a deferred W. `Play.eager_w`
 runs each W right after its B instead (1F1B-like memory, bubbles unfilled).
@@ -37,6 +43,9 @@ class Play:
         microbatch first).
     eager_w: W right after its B (else deferred into gaps: zero bubble).
     split: separate B and W (else fused BW).
+    reserve: admission reserves the whole microbatch until its last W (else, with at
+        most two chunks per rank, a rank counts what it holds; see above). Holding
+        back often plays better at loose limits, where greedy forwards crowd the rank.
     """
 
     limit: float
@@ -44,6 +53,7 @@ class Play:
     depth_first: bool = False
     eager_w: bool = False
     split: bool = True
+    reserve: bool = False
 
 
 def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualStage],
@@ -94,6 +104,11 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
     next_b = [0] * len(stages)
     local = [[s for s, st in enumerate(stages) if st.rank == r and stage_mbs[s]] for r in range(ranks)]
     done_at: dict[tuple[str, int, int], float] = {}  # (op, mb, k) -> end time
+    # With at most two stages of a microbatch on a rank, `held` is what the rank holds:
+    # admission asks room for the whole microbatch, its second chunk only for itself
+    # (the oldest unfinished microbatch then always finds room, see the module doc).
+    # With more, admission reserves the whole microbatch and `held` counts reservations.
+    reserving = how.reserve or any(sum(1 for s in path[mb] if rank_of[s] == r) > 2 for mb in range(microbatches) for r in range(ranks))
     held = [0.0] * ranks
     pending_w: list[list[tuple[int, int, int]]] = [[] for _ in range(ranks)]  # (mb, k, stage)
     remaining = [sum(len(stage_mbs[s]) for s in local[r]) * len(kinds) for r in range(ranks)]
@@ -132,8 +147,11 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
             if pointer[s] >= len(stage_mbs[s]):
                 continue
             mb, k = stage_mbs[s][pointer[s]]
-            if op == F and k == first_k[mb][r] and held[r] > 1e-12 and held[r] + reserve[mb][r] > how.limit + 1e-9:
-                continue  # not admitted: no room for the whole microbatch
+            admits = k == first_k[mb][r]
+            if op == F and held[r] > 1e-12 and (admits or not reserving):
+                need = reserve[mb][r] if admits else share
+                if held[r] + need > how.limit + 1e-9:
+                    continue  # no room: not admitted, or (a later chunk) wait for a W
             at = ready_time(op, mb, k)
             if at is None:
                 continue
@@ -152,8 +170,11 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
         done_at[op, mb, k] = end
         if op == F:
             next_f[s] += 1
-            if k == first_k[mb][r]:
-                held[r] += reserve[mb][r]
+            if reserving:
+                if k == first_k[mb][r]:
+                    held[r] += reserve[mb][r]
+            else:
+                held[r] += share
         elif op in (B, BW):
             next_b[s] += 1
             last_kind[r] = op
@@ -223,9 +244,12 @@ def fastest_play(name: str, ranks: int, microbatches: int, stages: list[VirtualS
 
 
 def plays_at(limit: float, eager: bool = True) -> list[Play]:
-    """The preferences tried at one limit: each `prefer` with either forward order, plus
-    (when `eager`) the W-right-after-B variants, which hold less at tight limits."""
-    plays = [Play(limit, prefer, depth_first) for prefer in PREFER for depth_first in (False, True)]
+    """The play-outs tried at one limit: each `prefer`, counting what a rank holds or
+    reserving whole microbatches, plus (when `eager`) W right after B preferring
+    forwards. Over p = 4, 8, m = 2p, 4p, F,B,W = 1,1,1 / 1,2,1 / 2,3,1 and limits from
+    V-Min's to ZB-H2's, on three placements, these include every winner of the 24
+    combinations of Play's options (depth_first never changed the result there)."""
+    plays = [Play(limit, prefer, reserve=reserve) for reserve in (False, True) for prefer in PREFER]
     if eager:
-        plays += [Play(limit, prefer, True, eager_w=True) for prefer in PREFER]
+        plays.append(Play(limit, "forward", eager_w=True))
     return plays
