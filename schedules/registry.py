@@ -52,10 +52,10 @@ BUILDERS: dict[str, Builder] = {b.name: b for b in (
     Builder("dualpipev", build_dualpipev, "DeepSeek DualPipeV: DualPipe folded into a V, one copy",
             "p >= 1, m >= 1, v = 2; DeepSeek's bubble needs m >= 2p", chunks=2, model_stages="2p"),
     Builder("v-half", build_v_half, "V-shape at half of 1F1B's memory: (p+2)//2 activations",
-            "p >= 1, m >= 1, v = 2; bubble about p/2m (idle over compute)", chunks=2,
+            "p >= 1, m >= 1, v = 2; bubble about p/2m", chunks=2,
             adapts_to_costs=True, model_stages="2p"),
     Builder("v-min", build_v_min, "V-shape at a third of 1F1B's memory: (p+4)//3 activations",
-            "p >= 1, m >= 1, v = 2; published bubble 2p/3m, larger here (see its docstring)",
+            "p >= 1, m >= 1, v = 2; published bubble 2p/3m, larger here at m > 2p",
             chunks=2, adapts_to_costs=True, model_stages="2p"),
     Builder("zb-auto", build_zb_auto, "fastest order found for the costs under a memory limit",
             "p >= 1, m >= 1, v in {1, 2} (default: both); --max-activations / --memory-limit",
@@ -94,8 +94,8 @@ def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
         raise ScheduleError(f"unknown schedule {name!r}; built-in schedules are {', '.join(BUILDERS)}")
     kwargs: dict = {"op_time": op_time} if builder.adapts_to_costs else {}
     if builder.searches:
-        if chunks is not None and chunks > 0:
-            check_size(name, 3 * microbatches * ranks * chunks if _is_count(microbatches) and _is_count(ranks) else 0)
+        if all(_is_count(x) and x > 0 for x in (ranks, microbatches)):
+            check_size(name, 3 * microbatches * ranks * 2)  # at most two chunks per rank
         return builder.build(ranks, microbatches, chunks, op_time=op_time, max_activations=max_activations,
                              score=score, builtins=builtins)
     if builder.chunks is not None and chunks is not None and chunks != builder.chunks:

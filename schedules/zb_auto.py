@@ -102,9 +102,9 @@ def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_t
     """The lowest-`score` candidate (see module doc). `builtins`: already built built-in
     schedules to compare against (default: built here); ScheduleError when nothing fits."""
     check_positive("zb-auto", ranks=ranks, microbatches=microbatches)
-    if chunks is not None and chunks not in (1, 2):
+    if chunks is not None and (isinstance(chunks, bool) or chunks not in (1, 2)):
         raise ScheduleError(f"zb-auto takes -v 1 or -v 2 (or none for both), got -v {chunks}")
-    if max_activations is not None and not (max_activations >= 1):
+    if max_activations is not None and not (isinstance(max_activations, (int, float)) and max_activations >= 1):
         raise ScheduleError(f"zb-auto needs room for at least one microbatch of activations, "
                             f"got {max_activations:g}")
     from pipesched.simulator.exact import makespan_under
