@@ -8,7 +8,7 @@ communication buffers under the cost model). A schedule fits when it is within b
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,6 +39,11 @@ class Budget:
             from .options import fmt_bytes
             parts.append(fmt_bytes(self.memory_limit))
         return " and ".join(parts) or "no limit"
+
+    def admits(self, peak_bytes: float, peak_activations: float) -> bool:
+        """Whether a schedule holding this much at its peak fits."""
+        return ((self.max_activations is None or peak_activations <= self.max_activations + 1e-9)
+                and (self.memory_limit is None or peak_bytes <= self.memory_limit))
 
     def activation_limit(self, costs: CostModel) -> float | None:
         """The activations (microbatches of one pipeline stage) the byte limit leaves
@@ -81,9 +86,7 @@ def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget()) ->
     if not (math.isfinite(makespan) and math.isfinite(peak)):
         raise UsageError("the costs are too large: predicted times or memory overflow to infinity")
     acts = peak_activations(schedule)
-    fits = ((budget.max_activations is None or acts <= budget.max_activations + 1e-9)
-            and (budget.memory_limit is None or peak <= budget.memory_limit))
-    return Evaluation(schedule, makespan, bubble, peak, acts, fits)
+    return Evaluation(schedule, makespan, bubble, peak, acts, budget.admits(peak, acts))
 
 
 def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None = None):
@@ -95,7 +98,7 @@ def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None 
         ev = seen.get(id(schedule))
         if ev is None:
             ev = seen[id(schedule)] = evaluate(schedule, costs, budget)
-        return ev.makespan if ev.fits else math.inf
+        return ev.makespan if budget.admits(ev.peak_bytes, ev.peak_activations) else math.inf
 
     return score
 
@@ -107,8 +110,15 @@ def build_within(name: str, ranks: int, microbatches: int, chunks: int | None, c
     is refused (UsageError) when it does not fit."""
     op_time = costs.op_time_for(ranks)
     if name in BUILDERS and BUILDERS[name].searches:
-        return build(name, ranks, microbatches, chunks, op_time, max_activations=budget.activation_limit(costs),
-                     score=scorer(costs, budget, seen), builtins=builtins)
+        seen = {} if seen is None else seen
+        schedule = build(name, ranks, microbatches, chunks, op_time, max_activations=budget.activation_limit(costs),
+                         score=scorer(costs, budget, seen), builtins=builtins)
+        # zb-auto returns its winner renamed: file the winner's evaluation under it too
+        for ev in list(seen.values()):
+            if ev.schedule.programs is schedule.programs:
+                seen[id(schedule)] = replace(ev, schedule=schedule)
+                break
+        return schedule
     schedule = build(name, ranks, microbatches, chunks, op_time)
     check_fits(schedule, costs, budget)
     return schedule

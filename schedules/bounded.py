@@ -61,6 +61,15 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
                  op_time: OpTime | None = None, params: dict | None = None) -> Schedule:
     """Per-rank programs of a list-scheduling play-out under `how` (see module doc).
     ScheduleError when one microbatch's activations on a rank exceed `how.limit`."""
+    return play_timed(name, ranks, microbatches, stages, paths, microbatch_paths, how, op_time, params)[0]
+
+
+def play_timed(name: str, ranks: int, microbatches: int, stages: list[VirtualStage],
+               paths: list[list[int]], microbatch_paths: list[int], how: Play,
+               op_time: OpTime | None = None, params: dict | None = None) -> tuple[Schedule, float]:
+    """`play_bounded` and the makespan of its play (seconds, free transfers): every op
+    starts once its rank is free and its inputs are done, so this is the makespan the
+    exact engine gives the programs (`makespan_under`) when no op takes 0 s."""
     op_time = op_time or unit_times(ranks)
     num_model = len(paths[0])
     share = ranks / num_model
@@ -103,7 +112,13 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
     next_f = [0] * len(stages)
     next_b = [0] * len(stages)
     local = [[s for s, st in enumerate(stages) if st.rank == r and stage_mbs[s]] for r in range(ranks)]
-    done_at: dict[tuple[str, int, int], float] = {}  # (op, mb, k) -> end time
+    depth = len(paths[0])
+    nan = math.nan
+    done_at = [nan] * (microbatches * depth * 3)  # end time by _tid(op, mb, k); nan: not played
+
+    def tid(op: str, mb: int, k: int) -> int:
+        return (mb * depth + k) * 3 + (0 if op == F else 2 if op == W else 1)
+
     # With at most two stages of a microbatch on a rank, `held` is what the rank holds:
     # admission asks room for the whole microbatch, its second chunk only for itself
     # (the oldest unfinished microbatch then always finds room, see the module doc).
@@ -117,25 +132,30 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
     wake = [0.0] * ranks
     heap = [(0.0, r) for r in range(ranks) if remaining[r]]
     # who waits on whom: a finished op may wake the rank of its consumer
-    waiting: dict[tuple[str, int, int], set[int]] = {}
+    waiting: dict[int, set[int]] = {}
     free = [0.0] * ranks
+    # the ready time of each stage's next F / backward, once its inputs are played
+    ready_next = {F: [nan] * len(stages), bwd: [nan] * len(stages)}
 
-    def ready_time(op: str, mb: int, k: int) -> float | None:
+    def ready_time(op: str, s: int, mb: int, k: int) -> float | None:
         """When (op, mb, k)'s inputs are all done, or None while one is not yet played."""
-        deps = []
+        cached = ready_next[op][s]
+        if cached == cached:
+            return cached
+        base = mb * depth + k
         if op == F:
-            if k > 0:
-                deps.append((F, mb, k - 1))
+            deps = (3 * (base - 1),) if k > 0 else ()
         else:
-            deps.append((F, mb, k))
-            if k + 1 < len(path[mb]):
-                deps.append((bwd, mb, k + 1))
+            deps = (3 * base, 3 * (base + 1) + 1) if k + 1 < depth else (3 * base,)
         t = 0.0
         for d in deps:
-            if d not in done_at:
-                waiting.setdefault(d, set()).add(rank_of[path[mb][k]])
+            x = done_at[d]
+            if x != x:
+                waiting.setdefault(d, set()).add(rank_of[s])
                 return None
-            t = max(t, done_at[d])
+            if x > t:
+                t = x
+        ready_next[op][s] = t
         return t
 
     def best(r: int, t: float, op: str) -> tuple[tuple[int, int, int] | None, float]:
@@ -152,7 +172,7 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
                 need = reserve[mb][r] if admits else share
                 if held[r] + need > how.limit + 1e-9:
                     continue  # no room: not admitted, or (a later chunk) wait for a W
-            at = ready_time(op, mb, k)
+            at = ready_time(op, s, mb, k)
             if at is None:
                 continue
             if at > t:
@@ -167,9 +187,10 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
         end = t + dur[op, s]
         programs[r].append(Task(op, mb, s))
         remaining[r] -= 1
-        done_at[op, mb, k] = end
+        done_at[tid(op, mb, k)] = end
         if op == F:
             next_f[s] += 1
+            ready_next[F][s] = nan
             if reserving:
                 if k == first_k[mb][r]:
                     held[r] += reserve[mb][r]
@@ -177,6 +198,7 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
                 held[r] += share
         elif op in (B, BW):
             next_b[s] += 1
+            ready_next[bwd][s] = nan
             last_kind[r] = op
             if op == BW:
                 held[r] -= share
@@ -184,7 +206,7 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
                 programs[r].append(Task(W, mb, s))
                 remaining[r] -= 1
                 end += dur[W, s]
-                done_at[W, mb, k] = end
+                done_at[tid(W, mb, k)] = end
                 held[r] -= share
             else:
                 pending_w[r].append((mb, k, s))
@@ -193,8 +215,9 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
         if op == F:
             last_kind[r] = F
         free[r] = end
-        for q in waiting.pop((op, mb, k), ()):
-            at = max(free[q], end)
+        done = done_at[tid(op, mb, k)]  # an eager W does not delay what its B feeds
+        for q in waiting.pop(tid(op, mb, k), ()):
+            at = max(free[q], done)
             if q != r and remaining[q] and at < wake[q]:
                 wake[q] = at
                 heapq.heappush(heap, (at, q))
@@ -229,18 +252,16 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
     if stuck:  # cannot happen by the admission argument above; kept as a guard
         raise ScheduleError(f"{name}: rank {stuck[0]} cannot proceed under the limit {how.limit:g}")
     sched.programs = programs  # type: ignore[assignment]
-    return sched
+    return sched, max(free, default=0.0)
 
 
 def fastest_play(name: str, ranks: int, microbatches: int, stages: list[VirtualStage],
                  paths: list[list[int]], microbatch_paths: list[int], plays: list[Play],
                  op_time: OpTime | None = None, params: dict | None = None) -> Schedule:
     """The play-out that finishes first under `op_time` with free transfers (ties: the first)."""
-    from .greedy import fastest
-
-    candidates = [play_bounded(name, ranks, microbatches, stages, paths, microbatch_paths, how, op_time, params)
-                  for how in plays]
-    return fastest(candidates, op_time or unit_times(ranks))
+    timed = [play_timed(name, ranks, microbatches, stages, paths, microbatch_paths, how, op_time, params)
+             for how in plays]
+    return min(timed, key=lambda x: x[1])[0]
 
 
 def plays_at(limit: float, eager: bool = True) -> list[Play]:

@@ -25,14 +25,14 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from .activations import peak_activations
-from .bounded import Play, play_bounded, plays_at
+from .bounded import play_timed, plays_at
 from .greedy import OpTime, unit_times
 from .ir import Schedule, ScheduleError, VirtualStage, check_positive, looped_stages, uniform_paths, v_stages
 
 Score = Callable[[Schedule], float]
 """Seconds a schedule takes, or math.inf when it does not fit the caller's limit."""
 
-SCORED_PLAYS = 3  # play-outs per placement scored in full after the free-transfer ranking
+SCORED_PLAYS = 2  # play-outs per placement scored in full after the free-transfer ranking
 
 
 def default_score(op_time: OpTime, max_activations: float | None) -> Score:
@@ -78,21 +78,24 @@ def builtin_candidates(ranks: int, microbatches: int, chunks: Iterable[int],
 
 
 def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: float,
-           op_time: OpTime) -> list[Schedule]:
-    """Play-outs at `limit` (and a little above it on two chunks) that hold at most `limit`."""
+           op_time: OpTime) -> list[tuple[Schedule, float]]:
+    """Play-outs at `limit` that hold at most `limit`, with their free-transfer makespans;
+    on the V the reserving plays also run half a microbatch above it (they often hold
+    less than they were allowed)."""
     paths, mb_paths = uniform_paths(stages, microbatches)
     two = len(stages) > ranks
-    ladder = [limit + extra for extra in ((0, 0.5, 1, 2) if two else (0,))]
+    plays = plays_at(limit)
+    if two and stages[0].rank == stages[-1].rank:  # the V: reservation is loosest there
+        plays += [replace(how, limit=limit + 0.5) for how in plays_at(limit, eager=False) if how.reserve]
     out = []
-    for cap in ladder:
-        for how in plays_at(cap, eager=cap == limit):
-            try:
-                s = play_bounded("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
-                                 {"v": 2 if two else 1})
-            except ScheduleError:
-                continue  # one microbatch does not fit
-            if peak_activations(s) <= limit + 1e-9:
-                out.append(s)
+    for how in plays:
+        try:
+            s, makespan = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
+                                     {"v": 2 if two else 1})
+        except ScheduleError:
+            continue  # one microbatch does not fit
+        if peak_activations(s) <= limit + 1e-9:
+            out.append((s, makespan))
     return out
 
 
@@ -107,8 +110,6 @@ def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_t
     if max_activations is not None and not (isinstance(max_activations, (int, float)) and max_activations >= 1):
         raise ScheduleError(f"zb-auto needs room for at least one microbatch of activations, "
                             f"got {max_activations:g}")
-    from pipesched.simulator.exact import makespan_under
-
     vs = (1, 2) if chunks is None else (chunks,)
     op_time = op_time or unit_times(ranks)
     score = score or default_score(op_time, max_activations)
@@ -124,9 +125,8 @@ def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_t
         limits = [ranks, top] if max_activations is None else [top]
         while limits:
             limit = limits.pop(0)
-            plays = _plays(ranks, microbatches, stages, limit, op_time)
-            plays.sort(key=lambda s: makespan_under(s, op_time))
-            best = min((keep(s, f"{kind} play-out at {limit:g}") for s in plays[:SCORED_PLAYS]), default=math.inf)
+            plays = sorted(_plays(ranks, microbatches, stages, limit, op_time), key=lambda x: x[1])
+            best = min((keep(s, f"{kind} play-out at {limit:g}") for s, _ in plays[:SCORED_PLAYS]), default=math.inf)
             if max_activations is not None and best == math.inf and limit - 1 >= 1:
                 limits.append(limit - 1)  # the caller's byte limit is tighter than the estimate
     for s in builtins if builtins is not None else builtin_candidates(ranks, microbatches, vs, op_time):

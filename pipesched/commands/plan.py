@@ -11,7 +11,7 @@ import argparse
 import json
 import math
 import os
-import sys
+import shlex
 import tempfile
 from dataclasses import dataclass
 
@@ -24,11 +24,11 @@ from pipesched.simulator.stochastic import makespan_stats
 
 from ..budget import Budget, Evaluation, build_within, engine_for, evaluate
 from ..errors import UsageError
-from ..options import (add_budget_args, add_cost_args, budget_from_args, check_writable, costs_from_args, fmt_bytes,
+from ..options import (COST_DESTS, add_budget_args, add_cost_args, budget_from_args, check_writable, costs_from_args, fmt_bytes,
                        fmt_seconds)
 from .sweep import Progress, parse_counts
 
-JITTER_RUNS, JITTER_CV, JITTER_TOP = 20, 0.1, 5  # p95 of the makespan for the best few
+JITTER_RUNS, JITTER_CV, JITTER_TOP = 20, 0.1, 3  # p95 of the makespan for the best few
 
 
 def add_parser(sub) -> None:
@@ -116,13 +116,16 @@ def chunk_options(name: str, vs: list[int]) -> list[int | None]:
 
 
 def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs: CostModel,
-           budget: Budget, progress=None) -> list[Candidate]:
+           budget: Budget, progress=None, cache: dict | None = None) -> list[Candidate]:
     """Every (schedule, m, v), built and simulated; zb-auto searched under `budget`
-    against the built-ins already built at that m and v."""
+    against the built-ins already built at that m and v. `cache` (give the same dict to
+    searches with the same costs and other budgets) keeps built-ins and evaluations,
+    which do not depend on the budget."""
+    cache = {} if cache is None else cache
+    builtins: dict = cache.setdefault("builtins", {})   # (name, m, v) -> Schedule or error
+    seen: dict[int, Evaluation] = cache.setdefault("seen", {})
     todo = [(name, m, v) for m in counts for name in names for v in chunk_options(name, vs)]
     out: list[Candidate] = []
-    built: dict[tuple[int, int], list] = {}  # (m, v) -> built-in schedules, for zb-auto
-    seen: dict[int, Evaluation] = {}
     op_time = costs.op_time_for(ranks)
     for done, (name, m, v) in enumerate(todo):
         if progress:
@@ -132,16 +135,24 @@ def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs
                 others = [c.result.schedule for c in out if c.result and c.microbatches == m and c.v == v]
                 schedule = build_within(name, ranks, m, v, costs, budget, builtins=others, seen=seen)
             else:
-                schedule = build(name, ranks, m, v, op_time)
+                if (name, m, v) not in builtins:
+                    try:
+                        builtins[name, m, v] = build(name, ranks, m, v, op_time)
+                    except ScheduleError as exc:
+                        builtins[name, m, v] = exc
+                schedule = builtins[name, m, v]
+                if isinstance(schedule, ScheduleError):
+                    raise schedule
         except ScheduleError as exc:
             out.append(Candidate(name, m, v or BUILDERS[name].chunks or 1, error=str(exc)))
             continue
-        chunks = schedule.num_model_stages // ranks
-        result = seen.get(id(schedule)) or evaluate(schedule, costs, budget)
-        if result.schedule is not schedule:  # zb-auto renamed the winner it scored
-            result = Evaluation(schedule, result.makespan, result.bubble, result.peak_bytes,
-                                result.peak_activations, result.fits)
-        out.append(Candidate(name, m, chunks, result))
+        ev = seen.get(id(schedule))
+        if ev is None:
+            ev = seen[id(schedule)] = evaluate(schedule, costs, budget)
+        # zb-auto renames the winner it scored; the fit is this budget's
+        result = Evaluation(schedule, ev.makespan, ev.bubble, ev.peak_bytes, ev.peak_activations,
+                            budget.admits(ev.peak_bytes, ev.peak_activations))
+        out.append(Candidate(name, m, schedule.num_model_stages // ranks, result))
     if progress:
         progress(len(todo), "done")
     return out
@@ -173,22 +184,20 @@ def write_atomically(text: str, path: str) -> None:
 
 
 def cost_words(args: argparse.Namespace) -> str:
-    """The cost options as given, to repeat in the suggested commands."""
-    argv = sys.argv[1:] if sys.argv and "plan" in sys.argv[1:2] else []
-    keep, skip_next = [], False
-    flags = {"--costs", "--f", "--b", "--w", "--latency", "--bandwidth", "--activation-bytes", "--activation-memory",
-             "--weight-memory", "--param-bytes", "--ranks-per-node", "--inter-latency", "--inter-bandwidth",
-             "--overlap", "--op-overhead", "--shared-compute", "--rank-demand", "--wait-demand"}
-    for i, word in enumerate(argv):
-        if skip_next:
-            keep.append(word)
-            skip_next = False
-        elif word.split("=")[0] in flags:
-            keep.append(word)
-            skip_next = "=" not in word
-        elif word in ("--no-contention", "--blocking-sends"):
-            keep.append(word)
-    return " ".join(keep)
+    """The cost options given, as flags to repeat in the suggested commands (values in
+    seconds, bytes and bytes/s, exactly as parsed)."""
+    words = []
+    for dest in COST_DESTS:
+        value = getattr(args, dest, None)
+        if value is None or value is False:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        else:
+            words += [flag, format(value, "g") if isinstance(value, float) and float(format(value, "g")) == value
+                      else repr(value) if isinstance(value, float) else shlex.quote(str(value))]
+    return " ".join(words)
 
 
 def run(args: argparse.Namespace) -> int:
