@@ -127,8 +127,9 @@ def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_t
             limit = limits.pop(0)
             plays = sorted(_plays(ranks, microbatches, stages, limit, op_time), key=lambda x: x[1])
             best = min((keep(s, f"{kind} play-out at {limit:g}") for s, _ in plays[:SCORED_PLAYS]), default=math.inf)
-            if max_activations is not None and best == math.inf and limit - 1 >= 1:
-                limits.append(limit - 1)  # the caller's byte limit is tighter than the estimate
+            step = 0.5 if len(stages) > ranks else 1.0  # a chunk of two holds half a microbatch
+            if max_activations is not None and best == math.inf and limit - step >= 1:
+                limits.append(limit - step)  # the caller's byte limit is tighter than the estimate
     for s in builtins if builtins is not None else builtin_candidates(ranks, microbatches, vs, op_time):
         if s.name != "zb-auto" and (1 if s.num_model_stages == ranks else 2) in vs:
             keep(s, s.name)

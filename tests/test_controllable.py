@@ -124,3 +124,18 @@ def test_zb_auto_names_what_it_was_built_from():
     s = build("zb-auto", 4, 8, 1, None, max_activations=2)
     assert s.name == "zb-auto" and s.params["v"] == 1 and "origin" in s.params
     assert all(t.op in (F, B, BW, "W") for t in s.tasks())
+
+
+@pytest.mark.parametrize("placement", ["v", "looped1", "looped2"])
+@pytest.mark.parametrize("how", [Play(2), Play(2, "backward", reserve=True), Play(3, "forward", eager_w=True)])
+def test_a_play_reports_the_makespan_the_exact_engine_gives_its_programs(placement, how):
+    from pipesched.schedules.bounded import play_timed
+    from pipesched.schedules.ir import looped_stages
+
+    p, m = 4, 9
+    stages = {"v": v_stages(p), "looped1": looped_stages(p, 1), "looped2": looped_stages(p, 2)}[placement]
+    paths, mb_paths = uniform_paths(stages, m)
+    for fbw in COSTS:
+        op_time = uniform(*fbw).op_time_for(p)
+        s, played = play_timed("x", p, m, stages, paths, mb_paths, how, op_time)
+        assert played == pytest.approx(makespan_under(s, op_time), rel=1e-12)

@@ -63,7 +63,9 @@ def test_plan_prints_a_ranked_table_the_pareto_front_and_how_to_run_it(capsys, t
 
 def test_plan_says_when_nothing_fits(capsys):
     code, _, err = cli(capsys, "plan", "-p", 4, "-m", 8, *MEMORY, "--memory-limit", "5GiB")
-    assert code == 2 and "no schedule fits" in err and err.count("\n") == 1
+    # progress lines may come first on a slow machine; the error is one line, the last
+    errors = [x for x in err.splitlines() if "error" in x]
+    assert code == 2 and len(errors) == 1 and "no schedule fits" in err.splitlines()[-1]
 
 
 @pytest.mark.parametrize("args,message", [

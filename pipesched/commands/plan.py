@@ -21,6 +21,7 @@ from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.stochastic import makespan_stats
+from pipesched.simulator.units import parse_bandwidth, parse_bytes, parse_seconds
 
 from ..budget import Budget, Evaluation, build_within, engine_for, evaluate
 from ..errors import UsageError
@@ -183,9 +184,34 @@ def write_atomically(text: str, path: str) -> None:
         raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
 
 
+TIME_FLAGS = {"f", "b", "w", "latency", "inter_latency", "op_overhead"}
+SIZE_FLAGS = {"activation_bytes", "activation_memory", "weight_memory", "param_bytes"}
+RATE_FLAGS = {"bandwidth", "inter_bandwidth"}
+
+
+def with_unit(dest: str, value: float) -> str:
+    """`value` written with the unit a person would type ("12ms", "128MiB", "50GB/s"),
+    or as a plain number when no unit reads back exactly."""
+    if dest in TIME_FLAGS:
+        options = [(value, "s"), (value * 1e3, "ms"), (value * 1e6, "us")]
+        parse = parse_seconds
+    elif dest in SIZE_FLAGS:
+        options = [(value / 2 ** 30, "GiB"), (value / 2 ** 20, "MiB"), (value / 1e9, "GB"), (value / 1e6, "MB")]
+        parse = parse_bytes
+    elif dest in RATE_FLAGS:
+        options = [(value / 1e9, "GB/s"), (value / 2 ** 30, "GiB/s"), (value / 1e6, "MB/s")]
+        parse = parse_bandwidth
+    else:
+        return format(value, "g") if float(format(value, "g")) == value else repr(value)
+    for number, unit in options:
+        text = f"{number:g}{unit}"
+        if 1 <= abs(number) < 1e4 and parse(text) == value:
+            return text
+    return repr(value)
+
+
 def cost_words(args: argparse.Namespace) -> str:
-    """The cost options given, as flags to repeat in the suggested commands (values in
-    seconds, bytes and bytes/s, exactly as parsed)."""
+    """The cost options given, as flags to repeat in the suggested commands."""
     words = []
     for dest in COST_DESTS:
         value = getattr(args, dest, None)
@@ -195,8 +221,7 @@ def cost_words(args: argparse.Namespace) -> str:
         if value is True:
             words.append(flag)
         else:
-            words += [flag, format(value, "g") if isinstance(value, float) and float(format(value, "g")) == value
-                      else repr(value) if isinstance(value, float) else shlex.quote(str(value))]
+            words += [flag, with_unit(dest, value) if isinstance(value, float) else shlex.quote(str(value))]
     return " ".join(words)
 
 
@@ -291,7 +316,10 @@ def show_table(args, found, fitting, front, best, budget: Budget, samples, costs
             room = f"{budget.max_activations - r.peak_activations:g} mb"
         else:
             room = "-"
-        line = (f"{i:>3} {c.schedule:<17} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
+        shown = c.schedule
+        if c.schedule == "zb-auto" and r.schedule.params.get("origin") in BUILDERS:
+            shown = f"zb-auto={r.schedule.params['origin']}"  # the search kept a built-in's order
+        line = (f"{i:>3} {shown:<17} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
                 f"{c.throughput(samples):>8.4g} {unit:<3}  {100 * r.bubble:>6.2f}%  ")
         line += f"{fmt_bytes(r.peak_bytes):>10}  " if bytes_given else ""
         line += f"{r.peak_activations:>6g}  {room:>10}  {fmt_seconds(c.p95) if c.p95 else '-':>10}"
