@@ -193,7 +193,7 @@ def with_unit(dest: str, value: float) -> str:
     """`value` written with the unit a person would type ("12ms", "128MiB", "50GB/s"),
     or as a plain number when no unit reads back exactly."""
     if dest in TIME_FLAGS:
-        options = [(value, "s"), (value * 1e3, "ms"), (value * 1e6, "us")]
+        options = [(value, ""), (value * 1e3, "ms"), (value * 1e6, "us")]  # plain: seconds
         parse = parse_seconds
     elif dest in SIZE_FLAGS:
         options = [(value / 2 ** 30, "GiB"), (value / 2 ** 20, "MiB"), (value / 1e9, "GB"), (value / 1e6, "MB")]
