@@ -6,11 +6,12 @@ looped placement of interleaved 1F1B) or both (v not given):
     every preference; on two chunks also at limits a little above it, kept only where
     the order actually holds no more than the limit (admission reserves a whole
     microbatch, so a play often holds less than it was allowed);
-  - every built-in schedule with those v (built for the same durations).
+  - every built-in schedule with those v (built for the same durations) that keeps one
+    copy of each model stage (not DualPipe, whose two replicas are another layout).
 Each play-out is first timed with free transfers (cheap) and the best few are scored
 with `score`, as every built-in is; the lowest score wins. So under the same `score`
-the result is never slower than any built-in that fits (by construction; a built-in
-may itself be the answer). When no play-out fits (a byte limit the caller checks in
+the result is never slower than any such built-in that fits (by construction; a
+built-in may itself be the answer). When no play-out fits (a byte limit the caller checks in
 `score` can be tighter than the activation estimate), the limit is lowered and tried
 again. Without a limit, play-outs hold up to p or 2p-1 microbatches (ZB-H2's memory).
 
@@ -58,9 +59,16 @@ def placements(ranks: int, chunks: Iterable[int]) -> list[tuple[str, list[Virtua
     return out
 
 
+def one_copy(schedule: Schedule) -> bool:
+    """Whether each model stage is on one rank only (DualPipe keeps two replicas, which
+    doubles the parameters and needs their gradients summed: another model layout)."""
+    return len(schedule.stages) == schedule.num_model_stages
+
+
 def builtin_candidates(ranks: int, microbatches: int, chunks: Iterable[int],
                        op_time: OpTime | None) -> list[Schedule]:
-    """Every other built-in with these v that can be built for p and m."""
+    """Every other built-in with these v that can be built for p and m and keeps one
+    copy of each model stage."""
     from .registry import BUILDERS, build  # the registry lists zb-auto itself
 
     out = []
@@ -71,9 +79,11 @@ def builtin_candidates(ranks: int, microbatches: int, chunks: Iterable[int],
             if builder.chunks is not None and builder.chunks != v:
                 continue
             try:
-                out.append(build(name, ranks, microbatches, None if builder.chunks else v, op_time))
+                s = build(name, ranks, microbatches, None if builder.chunks else v, op_time)
             except ScheduleError:
-                pass  # e.g. dualpipe needs p and m even
+                continue  # e.g. dualpipe needs p and m even
+            if one_copy(s):
+                out.append(s)
     return out
 
 
@@ -131,7 +141,7 @@ def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_t
             if max_activations is not None and best == math.inf and limit - step >= 1:
                 limits.append(limit - step)  # the caller's byte limit is tighter than the estimate
     for s in builtins if builtins is not None else builtin_candidates(ranks, microbatches, vs, op_time):
-        if s.name != "zb-auto" and (1 if s.num_model_stages == ranks else 2) in vs:
+        if s.name != "zb-auto" and one_copy(s) and (1 if s.num_model_stages == ranks else 2) in vs:
             keep(s, s.name)
     value, _, winner, origin = min(scored, key=lambda x: (x[0], x[1]), default=(math.inf, 0, None, ""))
     if winner is None or value == math.inf:

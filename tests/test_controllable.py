@@ -102,7 +102,7 @@ def test_zb_auto_is_at_least_as_fast_as_every_built_in_that_fits(p, m, fbw, limi
     assert limit is None or peak_activations(auto) <= limit
     best = makespan_under(auto, op_time)
     for name, builder in BUILDERS.items():
-        if builder.searches:
+        if builder.searches or name == "dualpipe":  # two replicas of each stage: another layout
             continue
         for v in ((1, 2) if builder.chunks is None else (None,)):
             try:
