@@ -47,14 +47,17 @@ class Budget:
 
     def activation_limit(self, costs: CostModel) -> float | None:
         """The activations (microbatches of one pipeline stage) the byte limit leaves
-        room for after the parameters, rounded down to half a microbatch; combined
-        with max_activations. None: no limit on activations."""
+        room for after the parameters and two transfer buffers, rounded down to half a
+        microbatch; combined with max_activations. None: no limit on activations."""
         limits = [] if self.max_activations is None else [self.max_activations]
         if self.memory_limit is not None:
             act = max(s.activation_memory for s in costs.stages)
             params = max(s.param_bytes for s in costs.stages)
+            # a receive and a send in flight: the least the buffers add (zb-auto lowers
+            # the estimate further when the simulated peak is still over)
+            buffers = 2 * max(s.activation_bytes for s in costs.stages) if costs.comm_buffers else 0.0
             if act > 0:
-                limits.append(math.floor(2 * max(0.0, self.memory_limit - params) / act) / 2)
+                limits.append(math.floor(2 * max(0.0, self.memory_limit - params - buffers) / act) / 2)
         return min(limits) if limits else None
 
 
