@@ -17,7 +17,7 @@ from typing import Iterator
 
 from .errors import INPUT_ERRORS, UsageError
 
-COMMANDS = ("list", "show", "simulate", "sweep", "plot", "run", "calibrate", "validate",
+COMMANDS = ("list", "show", "simulate", "sweep", "plan", "plot", "run", "calibrate", "validate",
             "import-torch", "export-torch")
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,8 +11,26 @@ from pipesched.schedules.ir import Schedule
 from pipesched.schedules.registry import build, check_size
 from pipesched.simulator import costs as cost_files
 from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
+from pipesched.simulator.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
+from .budget import Budget, build_within, check_fits
 from .errors import UsageError
+
+
+def _argtype(parse, name: str):
+    """An argparse type from a unit parser: a bad value is one line naming the option."""
+    def convert(text: str) -> float:
+        try:
+            return parse(text)
+        except UnitError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = name  # argparse names the type in its message
+    return convert
+
+
+SECONDS = _argtype(parse_seconds, "time")
+BYTES = _argtype(parse_bytes, "size")
+BANDWIDTH = _argtype(parse_bandwidth, "bandwidth")
 
 
 
@@ -20,18 +39,46 @@ SCHEDULE_HELP = ("a built-in name (see `pipesched list`), a schedule file (.json
 
 
 def add_schedule_args(parser: argparse.ArgumentParser, metavar: str = "SCHEDULE|FILE",
-                      help: str = SCHEDULE_HELP) -> None:
-    """The schedule positional (stored as `schedule`) and -p/-m/-v."""
+                      help: str = SCHEDULE_HELP, costs: bool = True) -> None:
+    """The schedule positional (stored as `schedule`), -p/-m/-v and (with `costs`) the
+    memory budget and cost options, so that every command builds the same order."""
     parser.add_argument("schedule", metavar=metavar, help=help)
     parser.add_argument("-p", "--ranks", type=int, help="pipeline ranks")
     parser.add_argument("-m", "--microbatches", type=int, help="microbatches per step")
     parser.add_argument("-v", "--chunks", type=int, help="chunks (virtual stages) per rank")
+    if costs:
+        add_budget_args(parser)
+        add_cost_args(parser)
+
+
+def add_budget_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("memory budget per rank (zb-auto builds under it; other schedules must fit)")
+    g.add_argument("--max-activations", type=float, metavar="N",
+                   help="microbatches of one pipeline stage's activations a rank may hold (1F1B holds p)")
+    g.add_argument("--memory-limit", type=BYTES, metavar="SIZE",
+                   help="bytes a rank may hold under the cost model (e.g. 40GiB)")
+
+
+def budget_from_args(args: argparse.Namespace) -> Budget:
+    n = getattr(args, "max_activations", None)
+    if n is not None and not (math.isfinite(n) and n >= 1):
+        raise UsageError(f"--max-activations must be a number >= 1 (microbatches), got {n:g}")
+    limit = getattr(args, "memory_limit", None)
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise UsageError(f"--memory-limit must be a size > 0 (e.g. 40GiB), got {limit:g} bytes")
+    return Budget(n, limit)
+
+
+def cost_flags_given(args: argparse.Namespace) -> bool:
+    """Whether any cost option was given (else builders use unit op times)."""
+    return any(getattr(args, name, None) not in (None, False) for name in COST_DESTS)
 
 
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks: int | None,
-                  costs: CostModel | None = None) -> Schedule:
+                  costs: CostModel | None = None, budget: Budget = Budget()) -> Schedule:
     """A schedule from a name, torch:NAME, a schedule file or a torch CSV. Built-in
-    schedules that adapt to costs are built for `costs`' op durations."""
+    schedules that adapt to costs are built for `costs`' op durations; zb-auto searches
+    under `budget` and any other schedule must fit it (UsageError)."""
     path = Path(spec)
     if path.is_dir():
         raise UsageError(f"schedule {spec!r} is a directory; give a built-in name or a schedule file")
@@ -45,6 +92,7 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
                 raise UsageError(f"{spec} has {have} for {flag}, but {flag} {asked} was given")
         if chunks is not None:
             raise UsageError(f"-v does not apply to a schedule file: {spec}'s virtual stages are in the file")
+        check_fits(schedule, costs, budget)
         return schedule
     if ranks is None or microbatches is None:
         raise UsageError(f"schedule {spec!r} needs -p RANKS and -m MICROBATCHES")
@@ -55,13 +103,20 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
             raise UsageError(f"{spec} needs torch (pip install 'pipesched[torch]'): {exc}") from None
         if ranks > 0 and microbatches > 0 and (chunks or 2) > 0:
             check_size(spec, 3 * ranks * microbatches * (chunks or 2))  # torch's have at most 2 chunks unless -v
-        return torch_schedule(spec[len("torch:"):], ranks, microbatches, chunks)
-    op_time = costs.op_time_for(ranks) if costs is not None else None
-    return build(spec, ranks, microbatches, chunks, op_time)
+        schedule = torch_schedule(spec[len("torch:"):], ranks, microbatches, chunks)
+        check_fits(schedule, costs, budget)
+        return schedule
+    if costs is None and not budget:
+        return build(spec, ranks, microbatches, chunks)
+    return build_within(spec, ranks, microbatches, chunks, costs or CostModel(), budget)
 
 
 def schedule_from_args(args: argparse.Namespace, costs: CostModel | None = None) -> Schedule:
-    return load_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs)
+    """The schedule the arguments name, built for `costs` or (when None) for the cost
+    options given, so every command orders a built-in the way `simulate` does."""
+    if costs is None and cost_flags_given(args):
+        costs = costs_from_args(args)
+    return load_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs, budget_from_args(args))
 
 
 def _overlap(text: str) -> float:
@@ -74,24 +129,34 @@ def _overlap(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected serial, perfect or a number in [0, 1], got {text!r}") from None
 
 
+COST_DESTS = ("costs", "f", "b", "w", "latency", "bandwidth", "activation_bytes", "activation_memory",
+              "weight_memory", "param_bytes", "ranks_per_node", "inter_latency", "inter_bandwidth", "overlap",
+              "op_overhead", "no_contention", "shared_compute", "rank_demand", "wait_demand", "blocking_sends")
+
+
 def add_cost_args(parser: argparse.ArgumentParser) -> None:
+    """The cost options (times take 12ms, 1.5us, ...; sizes 128MiB, 40GiB; bandwidths
+    50GB/s; plain numbers are seconds, bytes, bytes/s). Added once per parser."""
+    if "--f" in parser._option_string_actions:  # add_schedule_args already added them
+        return
     g = parser.add_argument_group("costs (per pipeline stage: one rank's share of the model)")
     g.add_argument("--costs", metavar="FILE", help="cost file (JSON or TOML, pipesched.costs/1)")
-    g.add_argument("--f", type=float, metavar="T", help="forward time per microbatch, seconds (default 1)")
-    g.add_argument("--b", type=float, metavar="T", help="input-backward time per microbatch, seconds (default 1)")
-    g.add_argument("--w", type=float, metavar="T", help="weight-backward time per microbatch, seconds (default 1)")
-    g.add_argument("--latency", type=float, metavar="S", help="point-to-point latency, seconds")
-    g.add_argument("--bandwidth", type=float, metavar="BYTES_PER_S", help="point-to-point bandwidth")
-    g.add_argument("--activation-bytes", type=float, metavar="N", help="bytes sent per microbatch at each stage boundary")
-    g.add_argument("--activation-memory", type=float, metavar="N",
+    g.add_argument("--f", type=SECONDS, metavar="T", help="forward time per microbatch, e.g. 12ms (default 1 s)")
+    g.add_argument("--b", type=SECONDS, metavar="T", help="input-backward time per microbatch (default 1 s)")
+    g.add_argument("--w", type=SECONDS, metavar="T", help="weight-backward time per microbatch (default 1 s)")
+    g.add_argument("--latency", type=SECONDS, metavar="T", help="point-to-point latency, e.g. 5us")
+    g.add_argument("--bandwidth", type=BANDWIDTH, metavar="RATE", help="point-to-point bandwidth, e.g. 50GB/s")
+    g.add_argument("--activation-bytes", type=BYTES, metavar="SIZE",
+                   help="bytes sent per microbatch at each stage boundary, e.g. 128MiB")
+    g.add_argument("--activation-memory", type=BYTES, metavar="SIZE",
                    help="bytes a forward stores per microbatch until its backward")
-    g.add_argument("--weight-memory", type=float, metavar="N", help="part of it kept from B until W")
-    g.add_argument("--param-bytes", type=float, metavar="N", help="parameter (+grad, optimizer) bytes per stage")
+    g.add_argument("--weight-memory", type=BYTES, metavar="SIZE", help="part of it kept from B until W")
+    g.add_argument("--param-bytes", type=BYTES, metavar="SIZE", help="parameter (+grad, optimizer) bytes per stage")
     g.add_argument("--ranks-per-node", type=int, metavar="N", help="ranks per node (default: all on one)")
-    g.add_argument("--inter-latency", type=float, metavar="S", help="latency between nodes, seconds")
-    g.add_argument("--inter-bandwidth", type=float, metavar="BYTES_PER_S", help="bandwidth between nodes")
+    g.add_argument("--inter-latency", type=SECONDS, metavar="T", help="latency between nodes")
+    g.add_argument("--inter-bandwidth", type=BANDWIDTH, metavar="RATE", help="bandwidth between nodes")
     g.add_argument("--overlap", type=_overlap, metavar="X", help="overlapped pairs: serial, perfect or 0..1")
-    g.add_argument("--op-overhead", type=float, metavar="S", help="seconds added to every op")
+    g.add_argument("--op-overhead", type=SECONDS, metavar="T", help="time added to every op")
     g.add_argument("--no-contention", action="store_true", help="links carry transfers concurrently")
     g.add_argument("--shared-compute", type=float, metavar="C",
                    help="ranks share C processors (cores; 1 for one GPU), processor sharing")
@@ -159,3 +224,16 @@ def load_costs(path: str) -> CostModel:
         raise UsageError(f"cost file {path!r} is not a cost file: it nests too deeply") from None
 
 
+def parse_counts(text: str, flag: str = "--microbatches", example: str = "4,8,16") -> list[int]:
+    """"4,8,16" -> [4, 8, 16]; UsageError unless every item is an integer >= 1."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts:
+        raise UsageError(f"{flag} needs comma-separated integers >= 1 (e.g. {example}), got {text!r}")
+    if min(counts) < 1:
+        if flag != "--microbatches":
+            raise UsageError(f"{flag} must be >= 1, got {min(counts)}")
+        raise UsageError(f"{flag} needs comma-separated integers >= 1 (e.g. {example}), got {text!r}")
+    return sorted(set(counts))

@@ -14,6 +14,9 @@ from .looped_bfs import build_looped_bfs
 from .one_f_one_b import build_1f1b
 from .zb_h1 import build_zb_h1
 from .zb_h2 import build_zb_h2
+from .v_half import build_v_half
+from .v_min import build_v_min
+from .zb_auto import Score, build_zb_auto
 from .zb_v import build_zb_v
 
 
@@ -27,6 +30,7 @@ class Builder:
     default_chunks: int = 2         # when chunks is None
     adapts_to_costs: bool = False   # takes op durations and orders ops for them
     model_stages: str = "p"         # how many model stages it cuts the model into
+    searches: bool = False          # builds for a memory limit and a score (zb-auto)
 
 
 BUILDERS: dict[str, Builder] = {b.name: b for b in (
@@ -47,6 +51,15 @@ BUILDERS: dict[str, Builder] = {b.name: b for b in (
             "p even, m even; DeepSeek's bubble needs m >= 2p", model_stages="p"),
     Builder("dualpipev", build_dualpipev, "DeepSeek DualPipeV: DualPipe folded into a V, one copy",
             "p >= 1, m >= 1, v = 2; DeepSeek's bubble needs m >= 2p", chunks=2, model_stages="2p"),
+    Builder("v-half", build_v_half, "V-shape at half of 1F1B's memory: (p+2)//2 activations",
+            "p >= 1, m >= 1, v = 2; bubble about p/2m", chunks=2,
+            adapts_to_costs=True, model_stages="2p"),
+    Builder("v-min", build_v_min, "V-shape at a third of 1F1B's memory: (p+4)//3 activations",
+            "p >= 1, m >= 1, v = 2; published bubble 2p/3m, larger here at m > 2p",
+            chunks=2, adapts_to_costs=True, model_stages="2p"),
+    Builder("zb-auto", build_zb_auto, "fastest order found for the costs under a memory limit",
+            "p >= 1, m >= 1, v in {1, 2} (default: both); --max-activations / --memory-limit",
+            chunks=None, adapts_to_costs=True, model_stages="p*v", searches=True),
 )}
 
 
@@ -69,14 +82,22 @@ def _is_count(x: object) -> bool:
 
 
 def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
-          op_time: OpTime | None = None) -> Schedule:
+          op_time: OpTime | None = None, max_activations: float | None = None,
+          score: Score | None = None, builtins: list[Schedule] | None = None) -> Schedule:
     """Build a named schedule. `chunks` is v (chunks per rank) for schedules that take it;
     `op_time(op, model_stage, num_model_stages)` (seconds) lets cost-adaptive builders
-    order ops for those durations."""
+    order ops for those durations. `max_activations` (microbatches of one pipeline
+    stage), `score` and `builtins` are for searching builders (zb-auto, see
+    schedules.zb_auto); the others ignore them (callers check their memory)."""
     builder = BUILDERS.get(name)
     if builder is None:
         raise ScheduleError(f"unknown schedule {name!r}; built-in schedules are {', '.join(BUILDERS)}")
-    kwargs = {"op_time": op_time} if builder.adapts_to_costs else {}
+    kwargs: dict = {"op_time": op_time} if builder.adapts_to_costs else {}
+    if builder.searches:
+        if all(_is_count(x) and x > 0 for x in (ranks, microbatches)):
+            check_size(name, 3 * microbatches * ranks * 2)  # at most two chunks per rank
+        return builder.build(ranks, microbatches, chunks, op_time=op_time, max_activations=max_activations,
+                             score=score, builtins=builtins)
     if builder.chunks is not None and chunks is not None and chunks != builder.chunks:
         raise ScheduleError(f"{name} has {builder.chunks} chunk{'s' if builder.chunks > 1 else ''} per rank, got -v {chunks}")
     v = builder.chunks if builder.chunks is not None else builder.default_chunks if chunks is None else chunks

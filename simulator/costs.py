@@ -18,6 +18,8 @@ from typing import Any
 from pipesched.schedules.ir import B, BW, F, W
 from pipesched.schedules.outputs import write_text
 
+from .units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -320,11 +322,34 @@ def uniform(f: float = 1.0, b: float = 1.0, w: float = 1.0, *, latency: float = 
 # --- cost files ---------------------------------------------------------------------
 
 _OVERLAP_WORDS = {"serial": 0.0, "perfect": 1.0}
+# fields a hand-written file may give with a unit ("12ms", "128MiB", "50GB/s")
+_SECONDS = {"forward", "backward_input", "backward_weight", "backward_full", "grad_accumulate", "latency",
+            "op_overhead", "per_op", "per_send", "per_recv", "send_start", "per_take"}
+_BYTES = {"activation_bytes", "gradient_bytes", "activation_memory", "weight_memory", "param_bytes"}
+
+
+def _units(data: Any, where: str) -> Any:
+    """`data` with every string in a time, size or bandwidth field read as a quantity."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key, value in data.items():
+        if not isinstance(value, str):
+            continue
+        parse = (parse_seconds if key in _SECONDS else parse_bytes if key in _BYTES
+                 else parse_bandwidth if key == "bandwidth" else None)
+        if parse is not None:
+            try:
+                out[key] = parse(value)
+            except UnitError as exc:
+                raise CostError(f"{where}.{key}: {exc}") from None
+    return out
 
 
 def _stage(data: Any, where: str) -> StageCost:
     if not isinstance(data, dict):
         raise CostError(f"{where} must be an object of stage costs, got {type(data).__name__}")
+    data = _units(data, where)
     known = {f.name for f in fields(StageCost)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -337,6 +362,7 @@ def _stage(data: Any, where: str) -> StageCost:
 def _link(data: Any, where: str) -> Link:
     if not isinstance(data, dict):
         raise CostError(f"{where} must be an object with latency and bandwidth")
+    data = _units(data, where)
     unknown = sorted(set(data) - {"latency", "bandwidth"})
     if unknown:
         raise CostError(f"{where} has unknown field {unknown[0]!r}; fields are latency, bandwidth")
@@ -407,10 +433,10 @@ def from_dict(data: Any) -> CostModel:
     if unknown:
         raise CostError(f"host_overhead has unknown field {unknown[0]!r}; fields are per_op, per_send, per_recv, "
                         "send_start, per_take")
-    host_overhead = HostOverhead(**overhead)
+    host_overhead = HostOverhead(**_units(overhead, "host_overhead"))
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
-                     op_overhead=data.get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
+                     op_overhead=_units(data, "cost file").get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
                      meta=meta).check()
 

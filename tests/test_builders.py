@@ -12,7 +12,7 @@ COSTS = [(1, 1, 1), (1, 2, 1), (2, 3, 1), (1.5, 1, 0.5)]
 
 def grid():
     for name, b in BUILDERS.items():
-        chunks = [None] if b.chunks is not None else [1, 2, 3]
+        chunks = [None] if b.chunks is not None else [None, 1, 2] if b.searches else [1, 2, 3]
         for p in (1, 2, 3, 4, 6):
             for m in (1, 2, 3, p, 2 * p - 1, 2 * p, 3 * p + 1):
                 for v in chunks:

@@ -62,7 +62,8 @@ def test_explicit_model_stage_costs_win_and_must_match_the_schedule():
 
 @pytest.mark.parametrize("doc,message", [
     ({"stage": {"forward": -1}}, "stage.forward must be finite and >= 0"),
-    ({"stage": {"forward": "fast"}}, "stage.forward must be a number"),
+    ({"stage": {"forward": "fast"}}, "stage.forward: expected a time such as 12ms"),
+    ({"stage": {"forward": [1]}}, "stage.forward must be a number"),
     ({"stage": {"forward": math.inf}}, "stage.forward must be finite"),
     ({"stage": {"speed": 1}}, "unknown field 'speed'"),
     ({"network": {"bandwidth": 0}}, "network.bandwidth must be > 0"),

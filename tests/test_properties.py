@@ -78,4 +78,7 @@ def test_any_cost_value_loads_or_names_the_field(field, value):
     except (CostError, TypeError) as exc:
         assert isinstance(exc, CostError) and field in str(exc)
         return
+    if isinstance(value, str):  # a quantity written by hand: "12ms", "128MiB", "3"
+        from pipesched.simulator.units import parse_bytes, parse_seconds
+        value = (parse_seconds if field in ("forward", "backward_input") else parse_bytes)(value)
     assert getattr(model.stages[0], field) == value

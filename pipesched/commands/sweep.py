@@ -1,35 +1,41 @@
-"""`pipesched sweep`: every schedule at p ranks over several microbatch counts: bubble,
-peak memory and makespan as a table, a comparison chart (--plot) and a CSV (--csv)."""
+"""`pipesched sweep`: every schedule over rank counts, chunks per rank and microbatch
+counts: bubble, peak memory (bytes when the costs give them, and always microbatches of
+activations held) and makespan as a table, a comparison chart (--plot) and a CSV (--csv)."""
 from __future__ import annotations
 
 import argparse
 import csv
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Callable, TextIO
 
+from pipesched.schedules.activations import peak_activations
 from pipesched.schedules.ir import ScheduleError
-from pipesched.schedules.outputs import atomic_path
 from pipesched.schedules.registry import BUILDERS
 from pipesched.schedules.validate import validate
+from pipesched.schedules.outputs import atomic_path
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostError, CostModel
 from pipesched.simulator.metrics import compute_metrics
 
-from .. import terminal
+from ..budget import Budget
 from ..errors import UsageError
+from .. import terminal
 from ..formatting import fmt_bytes, fmt_seconds
-from ..options import add_cost_args, costs_from_args, load_schedule
+from ..options import add_budget_args, add_cost_args, budget_from_args, costs_from_args, load_schedule, parse_counts
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sweep", help="compare schedules over microbatch counts (table, chart, CSV)")
-    p.add_argument("-p", "--ranks", type=int, required=True, help="pipeline ranks")
+    p = sub.add_parser("sweep", help="compare schedules over rank, chunk and microbatch counts (table, chart, CSV)")
+    p.add_argument("-p", "--ranks", required=True, metavar="P1,P2,...", help="pipeline ranks, comma-separated")
     p.add_argument("--microbatches", "-m", required=True, metavar="M1,M2,...",
                    help="microbatch counts, comma-separated (e.g. 4,8,16,32)")
-    p.add_argument("--schedules", metavar="A,B,...", help="built-in schedules (default: all)")
-    p.add_argument("-v", "--chunks", type=int, help="chunks per rank for the schedules that take it")
+    p.add_argument("--schedules", metavar="A,B,...",
+                   help="built-in schedules (default: all but zb-auto, which searches and is slower)")
+    p.add_argument("-v", "--chunks", metavar="V1,V2,...",
+                   help="chunks per rank for the schedules that take it, comma-separated (default: each one's own)")
+    add_budget_args(p)
     add_cost_args(p)
     p.add_argument("--engine", choices=("des", "exact"), default="des", help="simulation engine (default des)")
     p.add_argument("--plot", metavar="OUT.png|svg", help="write the comparison chart")
@@ -39,19 +45,9 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def parse_counts(text: str) -> list[int]:
-    """"4,8,16" -> [4, 8, 16]; UsageError unless every item is an integer >= 1."""
-    try:
-        counts = [int(x) for x in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise UsageError(f"--microbatches needs comma-separated integers >= 1 (e.g. 4,8,16), got {text!r}")
-    return sorted(set(counts))
-
-
 def parse_schedules(text: str | None) -> list[str]:
-    names = list(BUILDERS) if text is None else [x.strip() for x in text.split(",") if x.strip()]
+    names = [n for n, b in BUILDERS.items() if not b.searches] if text is None else \
+        [x.strip() for x in text.split(",") if x.strip()]
     if not names:
         raise UsageError("--schedules is empty")
     unknown = [n for n in names if n not in BUILDERS]
@@ -61,52 +57,82 @@ def parse_schedules(text: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def Progress(total: int, stream: TextIO | None = None) -> terminal.Progress:
+def Progress(total: int, stream: TextIO | None = None, label: str = "sweep") -> terminal.Progress:
     """The sweep's progress bar (see `terminal.Progress`)."""
-    return terminal.Progress("sweep", total, stream, after_s=PROGRESS_AFTER_S)
+    return terminal.Progress(label, total, stream, after_s=PROGRESS_AFTER_S)
+
+
+@dataclass
+class Row:
+    """One simulated point: the chart's SweepPoint plus what the chart does not draw.
+    `v`: chunks per rank; `activations`: most microbatches of one pipeline stage's
+    activations a rank holds (1F1B holds p); `fits`: within the memory budget."""
+
+    point: object  # plots.sweep.SweepPoint
+    v: int | None
+    activations: float = float("nan")
+    fits: bool = True
+
+
+def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], costs: CostModel,
+               chunks: list[int | None] | None = None, engine: str = "des",
+               progress: Callable[[int, str], None] | None = None, budget: Budget = Budget()) -> list[Row]:
+    """Simulate every schedule at every p, v and m: a Row each (its point's `error` set
+    where the schedule cannot be built there). Schedules with a fixed v run once."""
+    from ..plots.sweep import SweepPoint  # matplotlib only when needed
+
+    rows = []
+    chunks = chunks or [None]
+    todo = [(name, p, v, m) for p in ranks for name in schedules
+            for v in (chunks if BUILDERS[name].chunks is None else [None]) for m in microbatches]
+    for done, (name, p, v, m) in enumerate(todo):
+        if progress:
+            progress(done, f"{name} p={p} m={m}" + (f" v={v}" if v else ""))
+        fixed = BUILDERS[name].chunks or (BUILDERS[name].default_chunks if v is None and not BUILDERS[name].searches
+                                          else v)
+        try:
+            schedule = load_schedule(name, p, m, v, costs, budget if BUILDERS[name].searches else Budget())
+            graph = validate(schedule)
+        except (ScheduleError, CostError, UsageError) as exc:  # CostError: e.g. calibrated model_stages for another S
+            rows.append(Row(SweepPoint(name, p, m, error=str(exc)), fixed))
+            continue
+        met = compute_metrics(simulate(graph, costs, engine=engine))
+        peak = max(r.peak_memory_bytes for r in met.per_rank)
+        acts = peak_activations(schedule)
+        fits = ((budget.max_activations is None or acts <= budget.max_activations + 1e-9)
+                and (budget.memory_limit is None or peak <= budget.memory_limit))
+        rows.append(Row(SweepPoint(name, p, m, met.makespan, met.bubble_ratio, peak, met.comm_hidden_fraction),
+                        schedule.num_model_stages // p, acts, fits))
+    if progress:
+        progress(len(todo), "done")
+    return rows
 
 
 def sweep(schedules: list[str], ranks: int, microbatches: list[int], costs: CostModel,
           chunks: int | None = None, engine: str = "des",
           progress: Callable[[int, str], None] | None = None) -> list:
-    """Simulate every schedule at every microbatch count: a SweepPoint each (with
-    `error` set where the schedule cannot be built for that p and m)."""
-    from ..plots.sweep import SweepPoint  # matplotlib only when needed
-
-    points = []
-    todo = [(name, m) for name in schedules for m in microbatches]
-    for done, (name, m) in enumerate(todo):
-        if progress:
-            progress(done, f"{name} m={m}")
-        v = chunks if BUILDERS[name].chunks is None else None
-        try:
-            graph = validate(load_schedule(name, ranks, m, v, costs))
-        except (ScheduleError, CostError) as exc:  # e.g. calibrated model_stages for another S
-            points.append(SweepPoint(name, ranks, m, error=str(exc)))
-            continue
-        met = compute_metrics(simulate(graph, costs, engine=engine))
-        points.append(SweepPoint(name, ranks, m, met.makespan, met.bubble_ratio,
-                                 max(r.peak_memory_bytes for r in met.per_rank), met.comm_hidden_fraction))
-    if progress:
-        progress(len(todo), "done")
-    return points
+    """The chart's SweepPoints at one p and v (see `sweep_rows`)."""
+    return [r.point for r in sweep_rows(schedules, [ranks], microbatches, costs, [chunks], engine, progress)]
 
 
-def write_csv(points: list, path: str) -> None:
+def write_csv(rows: list[Row], path: str) -> None:
+    point_fields = [x.name for x in fields(rows[0].point)]
+    columns = point_fields[:2] + ["v"] + point_fields[2:-1] + ["peak_activations", "fits", point_fields[-1]]
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        out = csv.DictWriter(f, [x.name for x in fields(points[0])])
+        out = csv.DictWriter(f, columns)
         out.writeheader()
-        for p in points:
-            out.writerow({k: ("" if v is None or v != v else v) for k, v in asdict(p).items()})
+        for r in rows:
+            values = {**asdict(r.point), "v": r.v, "peak_activations": r.activations,
+                      "fits": "" if r.point.error else r.fits}
+            out.writerow({k: ("" if v is None or v != v else v) for k, v in values.items()})
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.ranks < 1:
-        raise UsageError(f"-p must be >= 1, got {args.ranks}")
-    if args.chunks is not None and args.chunks < 1:
-        raise UsageError(f"-v must be >= 1, got {args.chunks}")
+    ranks = parse_counts(args.ranks, "-p", "4,8")
+    chunks: list[int | None] = [None] if args.chunks is None else parse_counts(args.chunks, "-v", "1,2")
     counts = parse_counts(args.microbatches)
     names = parse_schedules(args.schedules)
+    budget = budget_from_args(args)
     if args.chunks is not None and all(BUILDERS[n].chunks is not None for n in names):
         raise UsageError(f"-v applies to schedules with a chosen number of chunks "
                          f"({', '.join(n for n, b in BUILDERS.items() if b.chunks is None)}); none is swept")
@@ -116,30 +142,48 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from ..plots.style import check_output
         check_output(args.plot)
+    if args.plot and (len(ranks) > 1):
+        raise UsageError("--plot draws one rank count; give one -p (the table and --csv take several)")
     if args.pareto_m is not None and args.pareto_m not in counts:
         raise UsageError(f"--pareto-m {args.pareto_m} is not one of --microbatches {args.microbatches}")
     costs = costs_from_args(args)
     if costs.host is not None and args.engine == "exact":
         raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (the default)")
-    bar = Progress(len(names) * len(counts))
+    total = len(ranks) * len(counts) * sum(len(chunks) if BUILDERS[n].chunks is None else 1 for n in names)
+    bar = Progress(total)
     try:
-        points = sweep(names, args.ranks, counts, costs, args.chunks, args.engine, bar)
+        rows = sweep_rows(names, ranks, counts, costs, chunks, args.engine, bar, budget)
     finally:
         bar.close()
-    if all(p.error for p in points):
-        raise UsageError(f"no schedule could be built for p={args.ranks}: {points[0].error}")
-    print(f"{'schedule':<17} {'m':>4}  {'makespan':>11}  {'bubble':>7}  {'peak memory':>12}")
-    for p in points:
-        if p.error:
-            print(f"{p.schedule:<17} {p.microbatches:>4}  skipped: {p.error}")
-        else:
-            print(f"{p.schedule:<17} {p.microbatches:>4}  {fmt_seconds(p.makespan):>11}  "
-                  f"{100 * p.bubble_ratio:>6.2f}%  {fmt_bytes(p.peak_memory):>12}")
+    if all(r.point.error for r in rows):
+        raise UsageError(f"no schedule could be built for p={args.ranks}: {rows[0].point.error}")
+    show_table(rows, budget)
     if args.csv:
-        write_csv(points, args.csv)
+        write_csv(rows, args.csv)
         terminal.wrote(args.csv)
     if args.plot:
         from ..plots.sweep import plot_sweep
+        several_v = len({(r.point.schedule, r.v) for r in rows}) > len({r.point.schedule for r in rows})
+        points = [replace(r.point, schedule=f"{r.point.schedule} v={r.v}") if several_v and
+                  BUILDERS[r.point.schedule].chunks is None else r.point for r in rows]
         plot_sweep(points, args.plot, pareto_m=args.pareto_m)
         terminal.wrote(args.plot)
     return 0
+
+
+def show_table(rows: list[Row], budget: Budget) -> None:
+    """Memory in bytes when the costs give any, and always as microbatches of activations
+    (so unit costs do not print "0 B" for every schedule)."""
+    in_bytes = any(r.point.peak_memory > 0 for r in rows if not r.point.error)
+    print(f"{'schedule':<17} {'p':>3} {'v':>2} {'m':>4}  {'makespan':>11}  {'bubble':>7}  "
+          + (f"{'peak memory':>12}  " if in_bytes else "") + f"{'activations':>11}" + ("  fits" if budget else ""))
+    for r in rows:
+        p = r.point
+        lead = f"{p.schedule:<17} {p.ranks:>3} {r.v if r.v else '-':>2} {p.microbatches:>4}  "
+        if p.error:
+            print(f"{lead}skipped: {p.error}")
+            continue
+        print(lead + f"{fmt_seconds(p.makespan):>11}  {100 * p.bubble_ratio:>6.2f}%  "
+              + (f"{fmt_bytes(p.peak_memory):>12}  " if in_bytes else "") + f"{r.activations:>8g} mb"
+              + (("  yes" if r.fits else "  over") if budget else ""))
+    print("activations: most microbatches of one pipeline stage's activations a rank holds, F to W (1F1B holds p)")

@@ -1,0 +1,139 @@
+"""A memory budget per rank, and building and scoring schedules under it.
+
+Two limits, either or both: `max_activations` (microbatches of one pipeline stage's
+activations held from F until W or BW, `schedules.activations`; 1F1B holds p) and
+`memory_limit` (bytes, against the simulator's memory: parameters, activations and
+communication buffers under the cost model). A schedule fits when it is within both.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pipesched.schedules.activations import peak_activations
+from pipesched.schedules.ir import Schedule
+from pipesched.schedules.registry import BUILDERS, build
+from pipesched.schedules.validate import validate
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostModel
+from pipesched.simulator.metrics import compute_metrics
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_activations: float | None = None  # microbatches of one pipeline stage
+    memory_limit: float | None = None     # bytes per rank
+
+    def __bool__(self) -> bool:
+        return self.max_activations is not None or self.memory_limit is not None
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_activations is not None:
+            parts.append(f"{self.max_activations:g} microbatches of activations")
+        if self.memory_limit is not None:
+            from .options import fmt_bytes
+            parts.append(fmt_bytes(self.memory_limit))
+        return " and ".join(parts) or "no limit"
+
+    def admits(self, peak_bytes: float, peak_activations: float) -> bool:
+        """Whether a schedule holding this much at its peak fits."""
+        return ((self.max_activations is None or peak_activations <= self.max_activations + 1e-9)
+                and (self.memory_limit is None or peak_bytes <= self.memory_limit))
+
+    def activation_limit(self, costs: CostModel) -> float | None:
+        """The activations (microbatches of one pipeline stage) the byte limit leaves
+        room for after the parameters and two transfer buffers, rounded down to half a
+        microbatch; combined with max_activations. None: no limit on activations."""
+        limits = [] if self.max_activations is None else [self.max_activations]
+        if self.memory_limit is not None:
+            act = max(s.activation_memory for s in costs.stages)
+            params = max(s.param_bytes for s in costs.stages)
+            # a receive and a send in flight: the least the buffers add (zb-auto lowers
+            # the estimate further when the simulated peak is still over)
+            buffers = 2 * max(s.activation_bytes for s in costs.stages) if costs.comm_buffers else 0.0
+            if act > 0:
+                limits.append(math.floor(2 * max(0.0, self.memory_limit - params - buffers) / act) / 2)
+        return min(limits) if limits else None
+
+
+@dataclass
+class Evaluation:
+    """One schedule under the cost model: seconds, bytes, microbatches of activations."""
+
+    schedule: Schedule
+    makespan: float
+    bubble: float
+    peak_bytes: float
+    peak_activations: float
+    fits: bool
+
+
+def engine_for(costs: CostModel) -> str:
+    """The exact engine (faster) unless ranks share compute, which only the DES models."""
+    return "des" if costs.host is not None else "exact"
+
+
+def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget()) -> Evaluation:
+    """Simulate `schedule` under `costs` and check it against `budget`."""
+    graph = validate(schedule)
+    with np.errstate(over="ignore", invalid="ignore"):
+        trace = simulate(graph, costs, engine=engine_for(costs))
+    metrics = compute_metrics(trace)  # the makespan and bubble `simulate` prints
+    makespan, bubble = metrics.makespan, metrics.bubble_ratio
+    peak = max((r.peak_memory_bytes for r in metrics.per_rank), default=0.0)
+    if not (math.isfinite(makespan) and math.isfinite(peak)):
+        raise UsageError("the costs are too large: predicted times or memory overflow to infinity")
+    acts = peak_activations(schedule)
+    return Evaluation(schedule, makespan, bubble, peak, acts, budget.admits(peak, acts))
+
+
+def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None = None):
+    """zb-auto's score: the simulated makespan under `costs`, inf when over `budget`.
+    `seen` collects every evaluation by id(schedule)."""
+    seen = {} if seen is None else seen
+
+    def score(schedule: Schedule) -> float:
+        ev = seen.get(id(schedule))
+        if ev is None:
+            ev = seen[id(schedule)] = evaluate(schedule, costs, budget)
+        return ev.makespan if budget.admits(ev.peak_bytes, ev.peak_activations) else math.inf
+
+    return score
+
+
+def build_within(name: str, ranks: int, microbatches: int, chunks: int | None, costs: CostModel,
+                 budget: Budget, builtins: list[Schedule] | None = None,
+                 seen: dict[int, Evaluation] | None = None) -> Schedule:
+    """Build a built-in for `costs`; zb-auto searches under `budget`, any other schedule
+    is refused (UsageError) when it does not fit."""
+    op_time = costs.op_time_for(ranks)
+    if name in BUILDERS and BUILDERS[name].searches:
+        seen = {} if seen is None else seen
+        schedule = build(name, ranks, microbatches, chunks, op_time, max_activations=budget.activation_limit(costs),
+                         score=scorer(costs, budget, seen), builtins=builtins)
+        # zb-auto returns its winner renamed: file the winner's evaluation under it too
+        for ev in list(seen.values()):
+            if ev.schedule.programs is schedule.programs:
+                seen[id(schedule)] = replace(ev, schedule=schedule)
+                break
+        return schedule
+    schedule = build(name, ranks, microbatches, chunks, op_time)
+    check_fits(schedule, costs, budget)
+    return schedule
+
+
+def check_fits(schedule: Schedule, costs: CostModel | None, budget: Budget) -> None:
+    """UsageError naming the schedule's peak when it is over `budget`."""
+    if not budget:
+        return
+    ev = evaluate(schedule, costs or CostModel(), budget)
+    if not ev.fits:
+        from .options import fmt_bytes
+        raise UsageError(f"{schedule.name} does not fit the memory limit ({budget.describe()}): it holds "
+                         f"{ev.peak_activations:g} microbatches of activations, {fmt_bytes(ev.peak_bytes)} at peak; "
+                         f"try zb-auto or `pipesched plan`")

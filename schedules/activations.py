@@ -1,0 +1,34 @@
+"""Activation memory of a schedule counted in microbatches, from its programs alone.
+
+Unit: one microbatch's activations of one pipeline stage (1/p of the model), so 1F1B's
+first rank holds p. A chunk of a schedule with S model stages counts p/S of that (1/v
+for v chunks per rank). An activation is held from its forward until the op that
+frees it: the W of a split backward (the weight gradient still reads the inputs) or a
+fused BW. The order of a rank's program fixes this count, so no timing is needed; the
+simulator's bytes (simulator.memory) free part of it at B when weight_memory is smaller.
+"""
+from __future__ import annotations
+
+from .ir import BW, F, W, Schedule, unit_tasks
+
+
+def activations_per_rank(schedule: Schedule) -> list[float]:
+    """The most activations each rank holds at once, in microbatches of one pipeline stage."""
+    share = schedule.ranks / schedule.num_model_stages if schedule.num_model_stages else 0.0
+    peaks = []
+    for program in schedule.programs:
+        held = peak = 0.0
+        for item in program:
+            for task in unit_tasks(item):
+                if task.op == F:
+                    held += share
+                    peak = max(peak, held)
+                elif task.op in (W, BW):
+                    held -= share
+        peaks.append(peak)
+    return peaks
+
+
+def peak_activations(schedule: Schedule) -> float:
+    """The most activations any rank holds (see `activations_per_rank`)."""
+    return max(activations_per_rank(schedule), default=0.0)

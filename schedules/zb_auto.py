@@ -1,0 +1,152 @@
+"""zb-auto: the fastest order found for the given op durations under a memory limit.
+
+Candidates, for v = 1 (one stage per rank), v = 2 (both the V placement of ZB-V and the
+looped placement of interleaved 1F1B) or both (v not given):
+  - memory-bounded list-scheduling play-outs (`schedules.bounded`) at the limit, with
+    every preference; on two chunks also at limits a little above it, kept only where
+    the order actually holds no more than the limit (admission reserves a whole
+    microbatch, so a play often holds less than it was allowed);
+  - every built-in schedule with those v (built for the same durations) that keeps one
+    copy of each model stage (not DualPipe, whose two replicas are another layout).
+Each play-out is first timed with free transfers (cheap) and the best few are scored
+with `score`, as every built-in is; the lowest score wins. So under the same `score`
+the result is never slower than any such built-in that fits (by construction; a
+built-in may itself be the answer). When no play-out fits (a byte limit the caller checks in
+`score` can be tighter than the activation estimate), the limit is lowered and tried
+again. Without a limit, play-outs hold up to p or 2p-1 microbatches (ZB-H2's memory).
+
+Units: activations in microbatches of one pipeline stage (`schedules.activations`);
+score in seconds, math.inf for a schedule that does not fit.
+Constraints: p >= 1, m >= 1, v in {1, 2}; a limit of at least one microbatch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable, Iterable
+
+from .activations import peak_activations
+from .bounded import play_timed, plays_at
+from .greedy import OpTime, unit_times
+from .ir import Schedule, ScheduleError, VirtualStage, check_positive, looped_stages, uniform_paths, v_stages
+
+Score = Callable[[Schedule], float]
+"""Seconds a schedule takes, or math.inf when it does not fit the caller's limit."""
+
+SCORED_PLAYS = 2  # play-outs per placement scored in full after the free-transfer ranking
+
+
+def default_score(op_time: OpTime, max_activations: float | None) -> Score:
+    """Makespan with free transfers; inf above `max_activations`."""
+    from pipesched.simulator.exact import makespan_under  # the one exact-timing core
+
+    def score(schedule: Schedule) -> float:
+        if max_activations is not None and peak_activations(schedule) > max_activations + 1e-9:
+            return math.inf
+        return makespan_under(schedule, op_time)
+
+    return score
+
+
+def placements(ranks: int, chunks: Iterable[int]) -> list[tuple[str, list[VirtualStage]]]:
+    out = []
+    for v in chunks:
+        if v == 1:
+            out.append(("looped", looped_stages(ranks, 1)))
+        else:
+            out.append(("v-shape", v_stages(ranks)))
+            out.append(("looped", looped_stages(ranks, 2)))
+    return out
+
+
+def one_copy(schedule: Schedule) -> bool:
+    """Whether each model stage is on one rank only (DualPipe keeps two replicas, which
+    doubles the parameters and needs their gradients summed: another model layout)."""
+    return len(schedule.stages) == schedule.num_model_stages
+
+
+def builtin_candidates(ranks: int, microbatches: int, chunks: Iterable[int],
+                       op_time: OpTime | None) -> list[Schedule]:
+    """Every other built-in with these v that can be built for p and m and keeps one
+    copy of each model stage."""
+    from .registry import BUILDERS, build  # the registry lists zb-auto itself
+
+    out = []
+    for name, builder in BUILDERS.items():
+        if name == "zb-auto":
+            continue
+        for v in chunks:
+            if builder.chunks is not None and builder.chunks != v:
+                continue
+            try:
+                s = build(name, ranks, microbatches, None if builder.chunks else v, op_time)
+            except ScheduleError:
+                continue  # e.g. dualpipe needs p and m even
+            if one_copy(s):
+                out.append(s)
+    return out
+
+
+def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: float,
+           op_time: OpTime) -> list[tuple[Schedule, float]]:
+    """Play-outs at `limit` that hold at most `limit`, with their free-transfer makespans;
+    on the V the reserving plays also run half a microbatch above it (they often hold
+    less than they were allowed)."""
+    paths, mb_paths = uniform_paths(stages, microbatches)
+    two = len(stages) > ranks
+    plays = plays_at(limit)
+    if two and stages[0].rank == stages[-1].rank:  # the V: reservation is loosest there
+        plays += [replace(how, limit=limit + 0.5) for how in plays_at(limit, eager=False) if how.reserve]
+    out = []
+    for how in plays:
+        try:
+            s, makespan = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
+                                     {"v": 2 if two else 1})
+        except ScheduleError:
+            continue  # one microbatch does not fit
+        if peak_activations(s) <= limit + 1e-9:
+            out.append((s, makespan))
+    return out
+
+
+def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_time: OpTime | None = None,
+                  max_activations: float | None = None, score: Score | None = None,
+                  builtins: list[Schedule] | None = None) -> Schedule:
+    """The lowest-`score` candidate (see module doc). `builtins`: already built built-in
+    schedules to compare against (default: built here); ScheduleError when nothing fits."""
+    check_positive("zb-auto", ranks=ranks, microbatches=microbatches)
+    if chunks is not None and (isinstance(chunks, bool) or chunks not in (1, 2)):
+        raise ScheduleError(f"zb-auto takes -v 1 or -v 2 (or none for both), got -v {chunks}")
+    if max_activations is not None and not (isinstance(max_activations, (int, float)) and max_activations >= 1):
+        raise ScheduleError(f"zb-auto needs room for at least one microbatch of activations, "
+                            f"got {max_activations:g}")
+    vs = (1, 2) if chunks is None else (chunks,)
+    op_time = op_time or unit_times(ranks)
+    score = score or default_score(op_time, max_activations)
+    scored: list[tuple[float, int, Schedule, str]] = []  # (score, order, schedule, origin)
+
+    def keep(schedule: Schedule, origin: str) -> float:
+        value = score(schedule)
+        scored.append((value, len(scored), schedule, origin))
+        return value
+
+    top = 2 * ranks - 1 if max_activations is None else max_activations
+    for kind, stages in placements(ranks, vs):
+        limits = [ranks, top] if max_activations is None else [top]
+        while limits:
+            limit = limits.pop(0)
+            plays = sorted(_plays(ranks, microbatches, stages, limit, op_time), key=lambda x: x[1])
+            best = min((keep(s, f"{kind} play-out at {limit:g}") for s, _ in plays[:SCORED_PLAYS]), default=math.inf)
+            step = 0.5 if len(stages) > ranks else 1.0  # a chunk of two holds half a microbatch
+            if max_activations is not None and best == math.inf and limit - step >= 1:
+                limits.append(limit - step)  # the caller's byte limit is tighter than the estimate
+    for s in builtins if builtins is not None else builtin_candidates(ranks, microbatches, vs, op_time):
+        if s.name != "zb-auto" and one_copy(s) and (1 if s.num_model_stages == ranks else 2) in vs:
+            keep(s, s.name)
+    value, _, winner, origin = min(scored, key=lambda x: (x[0], x[1]), default=(math.inf, 0, None, ""))
+    if winner is None or value == math.inf:
+        raise ScheduleError(f"zb-auto: no schedule for p={ranks}, m={microbatches} fits the memory limit; "
+                            f"raise it")
+    params = dict(winner.params)
+    params.update(v=winner.num_model_stages // ranks, origin=origin)
+    return replace(winner, name="zb-auto", params=params)
