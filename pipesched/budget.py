@@ -36,7 +36,7 @@ class Budget:
         if self.max_activations is not None:
             parts.append(f"{self.max_activations:g} microbatches of activations")
         if self.memory_limit is not None:
-            from .options import fmt_bytes
+            from .formatting import fmt_bytes
             parts.append(fmt_bytes(self.memory_limit))
         return " and ".join(parts) or "no limit"
 
@@ -133,7 +133,7 @@ def check_fits(schedule: Schedule, costs: CostModel | None, budget: Budget) -> N
         return
     ev = evaluate(schedule, costs or CostModel(), budget)
     if not ev.fits:
-        from .options import fmt_bytes
+        from .formatting import fmt_bytes
         raise UsageError(f"{schedule.name} does not fit the memory limit ({budget.describe()}): it holds "
                          f"{ev.peak_activations:g} microbatches of activations, {fmt_bytes(ev.peak_bytes)} at peak; "
                          f"try zb-auto or `pipesched plan`")

@@ -173,3 +173,9 @@ def fastest(candidates: list[Schedule], op_time: OpTime) -> Schedule:
 
     times = [makespan(c) for c in candidates]
     return candidates[times.index(min(times))]
+
+
+def makespan_under(schedule: Schedule, op_time: OpTime) -> float:
+    """Makespan of `schedule` (seconds) when op X of model stage k (of S) takes
+    op_time(X, k, S), pairs run serially and transfers are free."""
+    return OrderTimer(schedule, op_time).makespan(schedule)

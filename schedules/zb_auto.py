@@ -29,6 +29,7 @@ from .activations import peak_activations
 from .bounded import play_timed, plays_at
 from .greedy import OpTime, unit_times
 from .ir import Schedule, ScheduleError, VirtualStage, check_positive, looped_stages, uniform_paths, v_stages
+from .timeline import makespan_under
 
 Score = Callable[[Schedule], float]
 """Seconds a schedule takes, or math.inf when it does not fit the caller's limit."""
@@ -38,8 +39,6 @@ SCORED_PLAYS = 2  # play-outs per placement scored in full after the free-transf
 
 def default_score(op_time: OpTime, max_activations: float | None) -> Score:
     """Makespan with free transfers; inf above `max_activations`."""
-    from pipesched.simulator.exact import makespan_under  # the one exact-timing core
-
     def score(schedule: Schedule) -> float:
         if max_activations is not None and peak_activations(schedule) > max_activations + 1e-9:
             return math.inf

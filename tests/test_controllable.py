@@ -9,7 +9,7 @@ from pipesched.schedules.ir import B, BW, F, ScheduleError, uniform_paths, v_sta
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
 from pipesched.simulator.costs import uniform
-from pipesched.simulator.exact import makespan_under
+from pipesched.schedules.timeline import makespan_under
 
 
 def published_bubble(schedule, f=1.0, b=1.0, w=1.0):
