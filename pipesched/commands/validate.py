@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create {args.out!r}: {exc.strerror or exc}") from None
-    model = model_from_args(args)
     schedule = schedule_from_args(args)
+    model = model_from_args(args, schedule)
     prepare_checked(schedule, model, args.backend)
     calibration = calibration_options(args)
     try:
