@@ -79,7 +79,6 @@ class HFModel:
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
                 bos_token_id=0, eos_token_id=0)
             cls = transformers.GPT2LMHeadModel
-        config._attn_implementation = "sdpa"
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             model = cls(config)
