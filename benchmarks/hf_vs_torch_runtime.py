@@ -47,31 +47,32 @@ def measure(name: str, args: argparse.Namespace, spec: HFModel) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=HF_PRESETS, default="hf-llama")
-    ap.add_argument("--schedules", default="1f1b,interleaved-1f1b,zb-v", help="comma-separated built-in names")
+    ap.add_argument("--schedules", default="1f1b,zb-v", help="comma-separated built-in names")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--microbatches", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers-per-stage", type=int, default=2)
     ap.add_argument("--microbatch-size", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=2, help="launches per runtime, alternated (default 2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     spec = HFModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, args.seq, args.vocab).check()
-    rows = [measure(name, args, spec) for name in args.schedules.split(",")]
+    names = args.schedules.split(",")
     if args.json:
-        print(json.dumps({"config": vars(args), "rows": rows}, indent=1))
+        print(json.dumps({"config": vars(args), "rows": [measure(name, args, spec) for name in names]}, indent=1))
         return
     print(f"gloo, {args.ranks} ranks x {threads_per_rank(args.ranks)} threads, {args.model} hidden {args.hidden}, "
           f"vocab {args.vocab}, {args.layers_per_stage} blocks per model stage, {args.microbatches} microbatches of "
           f"{args.microbatch_size} x {args.seq} tokens; median of {args.rounds} x {args.steps} steps per runtime")
-    print(f"{'schedule':<18} {'stages':>6} {'ours':>10} {'torch':>10} {'ratio':>6} {'max grad rel err':>17}")
-    for r in rows:
+    print(f"{'schedule':<18} {'stages':>6} {'ours':>10} {'torch':>10} {'ratio':>6} {'max grad rel err':>17}", flush=True)
+    for name in names:  # a row as soon as it is measured
+        r = measure(name, args, spec)
         print(f"{r['schedule']:<18} {r['model_stages']:>6} {1e3 * r['ours_s']:>8.2f}ms {1e3 * r['torch_s']:>8.2f}ms "
-              f"{r['ratio']:>6.3f} {r['max_grad_rel_error']:>17.2g}")
+              f"{r['ratio']:>6.3f} {r['max_grad_rel_error']:>17.2g}", flush=True)
 
 
 if __name__ == "__main__":
