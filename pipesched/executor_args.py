@@ -29,7 +29,7 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab", type=int, default=2048, help="vocabulary size, hf-* only (default 2048)")
     g.add_argument("--layers-per-stage", type=int, default=2, help="blocks per model stage (default 2)")
     g.add_argument("--microbatch-size", type=int, default=8, help="samples per microbatch (default 8)")
-    g.add_argument("--seq", type=int, default=32, help="sequence length, transformer only (default 32)")
+    g.add_argument("--seq", type=int, default=32, help="sequence length, transformer and hf-* only (default 32)")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
