@@ -228,7 +228,8 @@ def _same(a: list, b: list) -> bool:
 
 
 def _describe_model(model: PipelineModel) -> str:
-    params = sum(p.numel() for m in model.stages for p in m.parameters())
     x = model.inputs[0]
-    return (f"{len(model.stages)} stages, {params} parameters, microbatch {tuple(x.shape)} "
+    params = sum(p.numel() for p in {id(p): p for m in model.stages for p in m.parameters()}.values())
+    named = f"{model.name}: " if model.name else ""
+    return (f"{named}{len(model.stages)} stages, {params} parameters, microbatch {tuple(x.shape)} "
             f"{str(x.dtype).replace('torch.', '')}")

@@ -37,6 +37,7 @@ class PipelineModel:
     inputs: list[Tensor]
     targets: list[Tensor]
     loss_scale: float | None = None  # None: 1 / number of microbatches
+    name: str = ""                   # what reports call the model (e.g. "hf-gpt2")
 
     @property
     def scale(self) -> float:

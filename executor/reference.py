@@ -2,7 +2,8 @@
 
 The reference runs all model stages in order on each microbatch (same initial weights,
 same microbatches, same loss scale) on CPU, one backward per microbatch, gradients added
-in microbatch order.
+in microbatch order. A parameter used by several model stages (tied embeddings) gets
+its full gradient in each of them, as the pipelined holders do after their exchange.
 
 Relative error of a gradient tensor: max |pipelined - reference| / max |reference|
 (elementwise, normalised by the tensor's largest reference entry); the loss's:
@@ -50,9 +51,9 @@ class Check:
 
 def reference_step(model: PipelineModel) -> tuple[float, list[list[Tensor | None]]]:
     """(loss, gradients per model stage in `parameters()` order) without pipelining."""
-    stages = [copy.deepcopy(m).cpu() for m in model.stages]
+    stages = [m.cpu() for m in copy.deepcopy(list(model.stages))]  # one copy: tied parameters stay tied
     params = [[p for p in s.parameters() if p.requires_grad] for s in stages]
-    flat = [p for ps in params for p in ps]
+    flat = [p for ps in params for p in ps]  # a tied parameter appears once per stage using it
     total = 0.0  # added as Python floats in microbatch order, like the pipelined losses
     grads: list[Tensor | None] = [None] * len(flat)
     for x, target in zip(model.inputs, model.targets):

@@ -93,6 +93,7 @@ class RankRuntime:
         self.ledger = MemoryLedger(now, params)
         self.modules = {k: StageModule(model.stages[k], k, sched.num_model_stages, model.loss_fn, model.scale,
                                        self.ledger) for k in own}
+        self.shared = replicas.shared_groups(replicas.holders(sched), model.stages)
         self.units = [graph.units[u] for u in graph.rank_units[rank]]
         self.transfers: dict[int, Transfer] = {}
         for e in range(len(graph.edges)):
@@ -120,7 +121,7 @@ class RankRuntime:
 
     def step(self) -> RankStep:
         """Run the rank's program once: gradients of this step only (zeroed first), then
-        summed over replicas."""
+        summed over the ranks holding each parameter (replicas, tied weights)."""
         for sm in self.modules.values():
             for p in sm.params:
                 p.grad = None
@@ -132,8 +133,8 @@ class RankRuntime:
         self.forward_bytes, self.kept_bytes = {}, {}
         start = now()
         marks, losses = self._walk()
-        replicas.sum_replica_grads(self.rank, self.graph.schedule, {k: sm.params for k, sm in self.modules.items()},
-                                   len(self.graph.edges), self.timeout, self.device)
+        replicas.sum_shared_grads(self.rank, self.shared, self.model.stages, len(self.graph.edges), self.timeout,
+                                  self.device)
         self.timer.sync()
         end = now()
         compute = [(t, self.timer.seconds(a), self.timer.seconds(b)) for t, a, b in marks]

@@ -4,9 +4,11 @@ A schedule exported in torch's compute-only CSV (`schedules.torch_format.to_rows
 loaded by torch's `_PipelineScheduleRuntime._load_csv`, which infers the stage-to-rank
 mapping from the rows and adds the sends, receives and gradient reductions itself; each
 rank holds one `PipelineStage(module, k, S)` per model stage k it runs.
-`run_on_torch_runtime` does exactly that inside `launch_local` ranks (gloo on CPU) and
-returns each schedule's loss and every model stage's gradients, to compare with
-`executor.reference`. `check_loads` runs only torch's loading and lowering, in this
+`run_on_torch_runtime` does exactly that inside `launch_local` ranks (gloo on CPU) for
+any model the executor runs, and returns per schedule its step times, its loss and
+every model stage's gradients, compared with `executor.reference`. Tied parameters
+(used by stages on different ranks) get the executor's own gradient exchange
+(`executor.replicas`) after torch's step, which sums nothing across ranks. `check_loads` runs only torch's loading and lowering, in this
 process (no ranks), which is what `pipesched export-torch --check` does.
 
 Private torch APIs used: `schedules._PipelineScheduleRuntime` and its `_load_csv`
@@ -15,10 +17,12 @@ actions before that. A missing API is a one-line ScheduleError naming the torch 
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import pickle
+import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 from unittest import mock
@@ -31,9 +35,11 @@ from pipesched.schedules import torch_format
 from pipesched.schedules.ir import Schedule, ScheduleError
 from pipesched.schedules.validate import validate
 
+from . import replicas
+from .clock import now
 from .comm import ExecutorError
 from .launch import RankContext, launch_local
-from .models import ExampleModel
+from .models import ExampleModel, PipelineModel, check_model
 from .reference import Check, compare
 from .torch_schedules import one_line, private_api, torch_version
 
@@ -68,21 +74,46 @@ class TorchCase:
         return len(self.stage_ranks)
 
 
-@dataclass
+@dataclass(repr=False)
 class TorchRuntimeResult:
-    """One step on torch's runtime: `loss` = loss_scale * sum of the microbatch losses
-    (added in microbatch order, like the reference); `grads[k]` = model stage k's
-    parameter gradients in `parameters()` order."""
+    """One schedule on torch's runtime: `step_times` in seconds per measured step (first
+    start to last end over ranks, as `executor.job` measures its own steps); `loss` =
+    loss_scale * sum of the microbatch losses of the last step (added in microbatch
+    order, like the reference); `grads[k]` = model stage k's parameter gradients after
+    it, in `parameters()` order; `reference`: that step against the unpipelined model
+    (None when not checked). Its repr is one line (no tensors)."""
 
     name: str
     microbatches: int
     num_stages: int
     loss: float
     grads: dict[int, list[Tensor | None]]
+    step_times: list[float] = field(default_factory=list)
+    reference: Check | None = None
 
-    def check(self, model: ExampleModel) -> Check:
+    @property
+    def step_time_median(self) -> float:
+        return statistics.median(self.step_times) if self.step_times else float("nan")
+
+    def check(self, model: PipelineModel | ExampleModel) -> Check:
         """This step against the unpipelined reference of the same model and microbatches."""
-        return compare(model.build(self.num_stages, self.microbatches), self.loss, self.grads)
+        built = model.build(self.num_stages, self.microbatches) if isinstance(model, ExampleModel) else model
+        return compare(built, self.loss, self.grads)
+
+    def summary(self) -> str:
+        """One line: the schedule, the step time and the reference check."""
+        line = (f"{self.name} on torch's runtime: {self.num_stages} model stages, {self.microbatches} microbatches, "
+                f"step time median {self.step_time_median * 1e3:.3f} ms over {len(self.step_times)} steps, "
+                f"loss {self.loss:.10g}")
+        c = self.reference
+        if c is not None:
+            ok = c.loss_matches and c.grads_match
+            line += (f"; reference check {'passed' if ok else 'FAILED'} (loss relative error {c.loss_rel_error:.2g}, "
+                     f"max gradient relative error {c.max_grad_rel_error:.2g})")
+        return line
+
+    def __repr__(self) -> str:
+        return f"<TorchRuntimeResult {self.summary()}>"
 
 
 def case_from_rows(rows: list[list[str]], name: str) -> TorchCase:
@@ -151,13 +182,20 @@ def _runtime_kwargs(cls: type) -> dict:
     return {"scale_grads": False} if "scale_grads" in params else {}
 
 
-def _run_case(ctx: RankContext, case: TorchCase, spec: ExampleModel) -> Any:
+SUM_TAG_BASE = 1 << 20  # tags of the tied-gradient exchange, above any torch uses
+
+
+def _run_case(ctx: RankContext, case: TorchCase, spec: PipelineModel | ExampleModel, steps: int,
+              warmup: int) -> Any:
     from torch.distributed.pipelining import PipelineStage
 
     cls = runtime_class()
-    model = spec.build(case.num_stages, case.microbatches)
+    model = spec.build(case.num_stages, case.microbatches) if isinstance(spec, ExampleModel) else spec
+    modules = [m.to(ctx.device) for m in copy.deepcopy(list(model.stages))]  # one copy per case, ties kept
     mine = [k for k, r in enumerate(case.stage_ranks) if r == ctx.rank]
-    stages = [PipelineStage(model.stages[k].to(ctx.device), k, case.num_stages, ctx.device) for k in mine]
+    stages = [PipelineStage(modules[k], k, case.num_stages, ctx.device) for k in mine]
+    # torch sums nothing across ranks: tied parameters get the executor's own exchange
+    tied = replicas.shared_groups({k: [r] for k, r in enumerate(case.stage_ranks)}, modules)
     scale = model.scale
 
     def loss_fn(output: Tensor, target: Tensor) -> Tensor:
@@ -169,45 +207,74 @@ def _run_case(ctx: RankContext, case: TorchCase, spec: ExampleModel) -> Any:
         path.write_text(case.text)
         runtime._load_csv(str(path))  # the exported file itself, as a user would load it
     first, last = 0 in mine, case.num_stages - 1 in mine
-    losses: list | None = [] if last else None
     inputs = (torch.cat(model.inputs).to(ctx.device),) if first else ()
-    runtime.step(*inputs, target=torch.cat(model.targets).to(ctx.device) if last else None, losses=losses)
+    target = torch.cat(model.targets).to(ctx.device) if last else None
+    bounds = []
+    for _ in range(warmup + steps):
+        for m in modules:
+            for p in m.parameters():
+                p.grad = None
+        losses: list | None = [] if last else None
+        dist.barrier()
+        start = now()
+        runtime.step(*inputs, target=target, losses=losses)
+        replicas.sum_shared_grads(ctx.rank, tied, modules, SUM_TAG_BASE, ctx.timeout, ctx.device)
+        bounds.append((start, now()))
     grads = {k: [None if p.grad is None else p.grad.detach().cpu().clone()
                  for p in st.submod.parameters() if p.requires_grad] for k, st in zip(mine, stages)}
     mb_losses = [float(loss.detach()) for loss in losses] if losses is not None else None
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
-    dist.gather_object((grads, mb_losses), gathered, dst=0)
+    dist.gather_object((grads, mb_losses, bounds[warmup:]), gathered, dst=0)
     if gathered is None:
         return None
     all_grads: dict[int, list[Tensor | None]] = {}
     total = 0.0
-    for rank_grads, rank_losses in gathered:
+    for rank_grads, rank_losses, _ in gathered:
         all_grads.update(rank_grads)
         for value in rank_losses or ():  # microbatch order: the export keeps the last stage's F in order
             total += value
-    return TorchRuntimeResult(case.name, case.microbatches, case.num_stages, total, all_grads)
+    step_times = [max(b[i][1] for _, _, b in gathered) - min(b[i][0] for _, _, b in gathered) for i in range(steps)]
+    return TorchRuntimeResult(case.name, case.microbatches, case.num_stages, total, all_grads, step_times)
 
 
-def _rank_job(ctx: RankContext, cases: list[TorchCase], spec: ExampleModel) -> bytes | None:
-    results = [_run_case(ctx, case, spec) for case in cases]
+def _rank_job(ctx: RankContext, cases: list[TorchCase], spec: PipelineModel | ExampleModel, steps: int,
+              warmup: int) -> bytes | None:
+    results = [_run_case(ctx, case, spec, steps, warmup) for case in cases]
     dist.barrier()  # no rank tears its connections down while a peer still talks to it
     # plain pickle: the launcher's pipe would share tensor storage with a process that exits
     return pickle.dumps(results) if ctx.rank == 0 else None
 
 
-def run_on_torch_runtime(sources: Sequence[Schedule | str | Path], model: ExampleModel,
-                         timeout: float = 120.0) -> list[TorchRuntimeResult]:
-    """Run each schedule (or torch CSV file) for one step on torch's runtime, all in one
-    launch of `ranks` local processes (gloo, CPU; every source must have the same number
-    of ranks); `timeout` in seconds bounds every wait. Everything is checked first, so a
-    schedule torch cannot run is refused (ScheduleError) before any process starts."""
-    model.check()
+def run_on_torch_runtime(sources: Sequence[Schedule | str | Path], model: PipelineModel | ExampleModel,
+                         timeout: float = 120.0, steps: int = 1, warmup: int = 0, check: bool = True,
+                         verbose: bool = True) -> list[TorchRuntimeResult]:
+    """Run each schedule (or torch CSV file) for `warmup + steps` steps on torch's
+    runtime, all in one launch of `ranks` local processes (gloo, CPU; every source must
+    have the same number of ranks); `timeout` in seconds bounds every wait. `model`: any
+    model the executor runs (its stage count must match every source). Everything is
+    checked first, so a schedule torch cannot run or a model that does not fit is refused
+    (ScheduleError, ModelError) before any process starts. With `check`, each result's
+    `reference` compares its last step with the unpipelined model; with `verbose`, one
+    summary line per schedule is printed."""
+    if isinstance(model, ExampleModel):
+        model.check()
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0, got {steps} and {warmup}")
     cases = [prepare(s) for s in sources]
     ranks = {c.ranks for c in cases}
     if len(ranks) != 1:
         raise ScheduleError(f"one launch runs one number of ranks, got {sorted(ranks)}")
+    for case in cases:
+        built = model.build(case.num_stages, case.microbatches) if isinstance(model, ExampleModel) else model
+        check_model(built, case.num_stages, case.microbatches)
     try:
-        data = launch_local(_rank_job, (cases, model), ranks.pop(), "gloo", timeout)
+        data = launch_local(_rank_job, (cases, model, steps, warmup), ranks.pop(), "gloo", timeout)
     except ExecutorError as exc:
         raise ExecutorError(one_line(exc)) from None
-    return pickle.loads(data)
+    results = pickle.loads(data)
+    for result in results:
+        if check:
+            result.reference = result.check(model)
+        if verbose:
+            print(result.summary())
+    return results

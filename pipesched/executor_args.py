@@ -16,16 +16,20 @@ from .errors import UsageError
 
 
 def add_executor_args(parser: argparse.ArgumentParser) -> None:
-    """--backend, the example model's options and --timeout."""
+    """--backend, the model and its sizes, and --timeout."""
     parser.add_argument("--backend", choices=("gloo", "nccl", "gloo-cuda"), default="gloo",
                         help="gloo on CPU (default), nccl with one GPU per rank, or gloo with CUDA compute "
                              "(ranks may share a GPU; tensors staged through host memory)")
-    g = parser.add_argument_group("example model")
-    g.add_argument("--model", choices=("mlp", "transformer"), default="mlp", help="stack of MLP or transformer blocks")
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", default="mlp", metavar="MODEL",
+                   help="mlp or transformer (example blocks), hf-llama or hf-gpt2 (tiny transformers language "
+                        "models, random weights; needs pipesched[hf]), or package.module:function returning a "
+                        "PipelineModel for (num_stages, microbatches) (default mlp; see docs/models.md)")
     g.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
+    g.add_argument("--vocab", type=int, default=2048, help="vocabulary size, hf-* only (default 2048)")
     g.add_argument("--layers-per-stage", type=int, default=2, help="blocks per model stage (default 2)")
     g.add_argument("--microbatch-size", type=int, default=8, help="samples per microbatch (default 8)")
-    g.add_argument("--seq", type=int, help="sequence length, transformer only (default 32)")
+    g.add_argument("--seq", type=int, help="sequence length, transformer and hf-* only (default 32)")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
@@ -60,17 +64,37 @@ def import_executor(command: str) -> None:
         raise UsageError(f"pipesched {command} needs torch (pip install 'pipesched[torch]'): {exc}") from None
 
 
-def model_from_args(args: argparse.Namespace):
-    """The example model the flags describe (checked when prepared)."""
-    from pipesched.executor.models import ExampleModel
+EXAMPLES = ("mlp", "transformer")
+
+
+def model_from_args(args: argparse.Namespace, schedule: Schedule):
+    """The model the flags describe for `schedule`: an ExampleModel (built in the ranks),
+    or a PipelineModel (a preset or the user's function, built here)."""
+    from pipesched.executor.hf_models import HF_PRESETS, HFModel
+    from pipesched.executor.models import ExampleModel, ModelError
+
+    from .user_model import build_user_model, is_spec
 
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    if args.seq is not None and args.model != "transformer":
-        raise UsageError(f"--seq is the transformer's sequence length; --model {args.model} has none")
+    if args.seq is not None and (args.model == "mlp" or is_spec(args.model)):
+        raise UsageError(f"--seq is the sequence length of the transformer and hf-* models; --model {args.model} "
+                         "has none")
     seq = 32 if args.seq is None else args.seq
-    return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq,
-                        args.dtype, args.seed)
+    if is_spec(args.model):
+        return build_user_model(args.model, schedule.num_model_stages, schedule.microbatches)
+    if args.model in EXAMPLES:
+        return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq,
+                            args.dtype, args.seed)
+    if args.model in HF_PRESETS:
+        spec = HFModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq, args.vocab,
+                       args.dtype, args.seed)
+        try:
+            return spec.build(schedule.num_model_stages, schedule.microbatches)
+        except ModelError as exc:
+            raise UsageError(str(exc)) from None
+    raise UsageError(f"unknown --model {args.model!r}; use {', '.join(EXAMPLES + HF_PRESETS)} or "
+                     "package.module:function")
 
 
 def check_launchable_ranks(ranks: int | None) -> None:

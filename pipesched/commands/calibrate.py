@@ -37,8 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from pipesched.executor.comm import ExecutorError
 
     check_launchable_ranks(args.ranks)
-    model = model_from_args(args)
     schedule = schedule_from_args(args)
+    model = model_from_args(args, schedule)
     prepare_checked(schedule, model, args.backend)
     try:
         costs = calibrate(schedule, model, calibration_options(args), args.backend)

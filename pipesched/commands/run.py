@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_launchable_ranks(args.ranks)
     options = run_options(args)
-    model = model_from_args(args)
     schedule = schedule_from_args(args)
+    model = model_from_args(args, schedule)
     graph = prepare_checked(schedule, model, args.backend)
     try:
         result = start(schedule, model, options, args.backend)

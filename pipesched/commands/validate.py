@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = run_options(args)
     check_launchable_ranks(args.ranks)
-    model = model_from_args(args)
     schedule = schedule_from_args(args)
+    model = model_from_args(args, schedule)
     prepare_checked(schedule, model, args.backend)
     calibration = calibration_options(args)
     out = make_out_folder(args.out)  # the last check before the long work
