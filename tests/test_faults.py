@@ -372,4 +372,4 @@ def test_options_that_would_do_nothing_are_refused(capsys, files, tmp_path, argv
 
 @torch_needed
 def test_seq_without_the_transformer_is_refused(capsys):
-    refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", "--seq", "64"], "--seq is the transformer's")
+    refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", "--seq", "64"], "--seq is the sequence length of the transformer")
