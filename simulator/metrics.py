@@ -178,6 +178,11 @@ class _PathWalk:
         self.tolerance = 1e-9 * float(trace.end[span].max() - trace.start[span].min()) if len(span) else 0.0
         self.previous_unit = {b: a for ids in graph.rank_units for a, b in zip(ids, ids[1:])}
         self.span = span.tolist()
+        # the edges into each task (CSR): the walk visits a few thousand tasks, so per-task
+        # lists for the whole graph (graph.task_inputs) would cost more than the walk
+        dst = col["edge_dst"]
+        self.in_edges = np.argsort(dst, kind="stable").tolist()
+        self.in_ptr = np.searchsorted(dst[self.in_edges], np.arange(len(graph.tasks) + 1)).tolist()
 
     @staticmethod
     def _lookup(span_keys: np.ndarray, spans: np.ndarray, task_key: np.ndarray) -> np.ndarray:
@@ -210,7 +215,7 @@ class _PathWalk:
             out.append((("task", before[-1]), 1))
             out += [(("xfer", self.send_of[t]), 0) for t in before if self.send_of[t] >= 0]
         for t in graph.units[u]:
-            for e in graph.task_inputs[t]:
+            for e in self.in_edges[self.in_ptr[t]:self.in_ptr[t + 1]]:
                 edge = graph.edges[e]
                 if graph.task_unit[edge.src] == u:
                     continue

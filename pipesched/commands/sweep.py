@@ -20,6 +20,7 @@ from pipesched.simulator.metrics import compute_metrics
 from ..budget import Budget
 from ..errors import UsageError
 from .. import terminal
+from ..plots.points import SweepPoint
 from ..formatting import fmt_bytes, fmt_seconds
 from ..options import add_budget_args, add_cost_args, budget_from_args, costs_from_args, load_schedule, parse_counts
 
@@ -79,7 +80,6 @@ def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], 
                progress: Callable[[int, str], None] | None = None, budget: Budget = Budget()) -> list[Row]:
     """Simulate every schedule at every p, v and m: a Row each (its point's `error` set
     where the schedule cannot be built there). Schedules with a fixed v run once."""
-    from ..plots.sweep import SweepPoint  # matplotlib only when needed
 
     rows = []
     chunks = chunks or [None]

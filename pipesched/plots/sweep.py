@@ -7,8 +7,6 @@ joined up. One colour and marker per schedule throughout.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -18,35 +16,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from ..formatting import fmt_seconds
+from .points import SweepPoint, pareto_front  # noqa: F401  (the chart draws them)
 from .style import bytes_unit, save, time_unit
 
 MARKERS = "osD^vP*Xh<>"
 DODGE = 0.035  # octaves between neighbouring schedules' points on a microbatch axis
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    """One schedule at one number of microbatches. Seconds and bytes; `error` says why
-    the schedule could not be built there (the numbers are then nan)."""
-
-    schedule: str
-    ranks: int
-    microbatches: int
-    makespan: float = math.nan
-    bubble_ratio: float = math.nan
-    peak_memory: float = math.nan
-    comm_hidden_fraction: float = math.nan
-    error: str | None = None
-
-
-def pareto_front(points: list[SweepPoint]) -> list[SweepPoint]:
-    """The points no other point beats on both makespan and peak memory, by memory."""
-    ok = sorted((p for p in points if p.error is None), key=lambda p: (p.peak_memory, p.makespan))
-    front: list[SweepPoint] = []
-    for p in ok:
-        if not front or p.makespan < front[-1].makespan:
-            front.append(p)
-    return front
 
 
 def _styles(names: list[str]) -> dict[str, dict]:
