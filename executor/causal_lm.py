@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipesched.schedules.numbers import is_int
+
 from .models import ModelError, PipelineModel
 
 BALANCES = ("even", "cost")
@@ -260,7 +262,7 @@ def block_counts(parts: LMParts, num_stages: int, balance: str | Sequence[int] =
         return balanced_counts(blocks, num_stages, first, last)
     counts = list(balance)
     if len(counts) != num_stages or sum(counts) != n or any(
-            isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+            not is_int(c) or c < 0 for c in counts):
         raise ModelError(f"block counts {counts} must be {num_stages} non-negative integers adding up to {n}")
     if any(c == 0 for c in counts[1:-1]):
         raise ModelError(f"block counts {counts}: every middle model stage needs at least one block")

@@ -6,8 +6,8 @@ kept until they complete.
 
 gloo (`GlooTransport`): every directed link gets a process group of its own
 (`link_groups`), so each gloo connection carries data one way: over one connection,
-simultaneous sends in both directions stalled about 4 ms in 30-45 % of exchanges here
-(any size from 1 KiB), against almost never with a connection per direction.
+simultaneous sends in both directions stalled for milliseconds in a large share of
+exchanges, against almost never with a connection per direction (docs/executor.md).
 A gloo send only reports completion through a blocking `wait`,
 so each send is waited on by a thread of a pool sized to the rank's transfers (no send
 ever queues behind another, so no wait can hold up a transfer another one depends on);

@@ -46,7 +46,7 @@ CONSEQUENCES = ("Connection closed by peer", "Connection reset", "lost rank", "B
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # what a job scheduler, Ctrl-C or a closed terminal sends
 RANK_FOOTPRINT_BYTES = 256 << 20
 """Memory one local rank needs before its model: a Python process with torch and gloo
-imported (measured here: 220 MiB resident). `check_launchable` refuses more ranks than
+imported, rounded up (docs/limits.md). `check_launchable` refuses more ranks than
 the available memory holds at this size."""
 MAX_LOCAL_RANKS = 1024
 """The most ranks one launcher starts on this host, whatever the memory (each is a
@@ -154,11 +154,11 @@ def rank_cores(local_rank: int, local_world: int, cores: list[int]) -> list[int]
 def pin_to_cores(local_rank: int, local_world: int) -> None:
     """Pin this rank's process (and the threads it starts later) to its cores
     (`rank_cores`). With a core each, a rank's communication threads run beside its own
-    compute rather than preempting another rank's (measured here, 2 ranks on 2 cores:
-    1F1B 10 % faster, and its timeline predicted within 2 % instead of 6 %). With more
+    compute rather than preempting another rank's: faster steps that the simulator
+    predicts better (docs/executor.md has the measurements). With more
     ranks than cores, a fixed round-robin placement shares each core among known ranks,
     which the simulator models (`HostSharing.pinned`); left to the operating system,
-    the ranks migrated between cores and ran 10 % slower than fair sharing predicts.
+    the ranks migrated between cores and ran slower than fair sharing predicts.
     Where affinity is not supported, nothing changes."""
     if not hasattr(os, "sched_setaffinity"):
         return
@@ -188,8 +188,8 @@ def keep_freed_memory() -> bool:
 
     A pipeline step frees and reallocates the same tensors again and again (weight
     gradients, activations). By default glibc unmaps large blocks and trims the heap, so
-    each reallocation page-faults afresh: measured here, a W took 5-8 ms instead of 4,
-    depending on what ran before it. Like a GPU's caching allocator, the rank keeps what
+    each reallocation page-faults afresh, and an op's time depends on what ran before
+    it (docs/executor.md). Like a GPU's caching allocator, the rank keeps what
     it freed (blocks up to 32 MiB from the heap, no trimming). Returns False where the C
     library is not glibc (nothing changes)."""
     try:
@@ -272,7 +272,7 @@ def _child(rank: int, world: int, backend: str, timeout: float, store_address: t
         # waiter threads may still block in gloo; do not let interpreter shutdown join them
         os._exit(1)
     # Interpreter shutdown can abort here ("terminate called without an active exception":
-    # a C++ thread torch's pipelining runtime leaves joinable, about one launch in 40);
+    # a C++ thread torch's pipelining runtime leaves joinable, rarely: docs/executor.md);
     # the rank's work is reported and its group destroyed, so skip the finalizers.
     os._exit(0)
 

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipesched.schedules.numbers import is_int
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MODEL_KINDS = ("mlp", "transformer")
 
@@ -109,7 +111,7 @@ class ExampleModel:
             raise ModelError(f"unknown dtype {self.dtype!r}; dtypes are {', '.join(DTYPES)}")
         for name in ("hidden", "layers_per_stage", "microbatch_size", "seq"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ModelError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         if self.kind == "transformer" and self.hidden % self.heads:
             raise ModelError(f"transformer --hidden must be a multiple of {self.heads}, got {self.hidden}")
@@ -156,7 +158,7 @@ def split_sequential(model: nn.Sequential, layers_per_stage: Sequence[int]) -> l
     """Cut `model` into consecutive pieces of the given numbers of layers (one per model
     stage); the pieces share the original layers."""
     sizes = list(layers_per_stage)
-    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+    if any(not is_int(n) or n < 1 for n in sizes):
         raise ModelError(f"every model stage needs at least one layer, got split {sizes}")
     if sum(sizes) != len(model):
         raise ModelError(f"split {sizes} covers {sum(sizes)} layers, the Sequential has {len(model)}")

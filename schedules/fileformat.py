@@ -18,6 +18,7 @@ from typing import Any
 
 from .outputs import write_text
 from .ir import Overlap, ProgramItem, Schedule, ScheduleError, Task, VirtualStage
+from .numbers import is_int
 
 FORMAT = "pipesched.schedule/1"
 
@@ -39,7 +40,7 @@ def to_dict(schedule: Schedule) -> dict:
 
 
 def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ScheduleError(f"{where} must be an integer, got {value!r}")
     return value
 

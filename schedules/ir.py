@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple, Union
 
+from .numbers import is_int
+
 F, B, W, BW = "F", "B", "W", "BW"
 OPS = (F, B, W, BW)
 
@@ -120,5 +122,5 @@ def v_stages(ranks: int) -> list[VirtualStage]:
 def check_positive(name: str, **values: int) -> None:
     """Raise ScheduleError unless every value is an int >= 1."""
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             raise ScheduleError(f"{name} needs {key} >= 1, got {value!r}")

@@ -18,6 +18,7 @@ from .v_half import build_v_half
 from .v_min import build_v_min
 from .zb_auto import Score, build_zb_auto
 from .zb_v import build_zb_v
+from .numbers import is_int
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def check_size(name: str, ops: int) -> None:
 
 
 def _is_count(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return is_int(x)
 
 
 def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,

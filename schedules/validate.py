@@ -16,10 +16,11 @@ import numpy as np
 from .graph import TaskGraph, build_graph, unit_label
 from .ir import B, BW, F, OPS, W, Overlap, Schedule, ScheduleError, unit_tasks
 from .timeline import graph_waves
+from .numbers import is_int
 
 
 def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return is_int(value)
 
 
 def check_structure(s: Schedule) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesched.schedules.ir import B, BW, F, W
+from pipesched.schedules.numbers import is_int, is_real
 from pipesched.schedules.outputs import write_text
 
 from .units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
@@ -67,7 +68,7 @@ class StageCost:
             value = getattr(self, f.name)
             if value is None and f.name in ("backward_full", "gradient_bytes"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not is_real(value):
                 raise CostError(f"{where}.{f.name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise CostError(f"{where}.{f.name} must be finite and >= 0, got {value!r}")
@@ -103,7 +104,7 @@ class Link:
     def check(self, where: str) -> None:
         for name in ("latency", "bandwidth"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            if not is_real(value) or math.isnan(value):
                 raise CostError(f"{where}.{name} must be a number, got {value!r}")
         if self.latency < 0 or math.isinf(self.latency):
             raise CostError(f"{where}.latency must be finite and >= 0, got {self.latency!r}")
@@ -133,7 +134,7 @@ class Network:
         if self.inter is not None:
             self.inter.check("network.inter_node")
         rpn = self.ranks_per_node
-        if rpn is not None and (isinstance(rpn, bool) or not isinstance(rpn, int) or rpn < 1):
+        if rpn is not None and (not is_int(rpn) or rpn < 1):
             raise CostError(f"network.ranks_per_node must be an integer >= 1, got {rpn!r}")
 
 
@@ -157,7 +158,7 @@ class HostOverhead:
             value = getattr(self, name)
             if name == "send_start" and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if not is_real(value) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host_overhead.{name} must be a finite number of seconds >= 0, got {value!r}")
         if self.send_start is not None and self.send_start > self.per_send:
             raise CostError(f"host_overhead.send_start ({self.send_start}) exceeds per_send ({self.per_send})")
@@ -199,7 +200,7 @@ class HostSharing:
     def check(self) -> "HostSharing":
         for name in ("capacity", "compute_demand", "wait_demand", "interference", "switching"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if not is_real(value) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host.{name} must be a finite number >= 0, got {value!r}")
         for flag in ("pinned", "gpu"):
             if not isinstance(getattr(self, flag), bool):
@@ -255,15 +256,15 @@ class CostModel:
             s.check(f"stages[{i}]")
         for i, s in enumerate(self.model_stages or ()):
             s.check(f"model_stages[{i}]")
-        if isinstance(self.overlap, bool) or not isinstance(self.overlap, (int, float)) or not 0 <= self.overlap <= 1:
+        if not is_real(self.overlap) or not 0 <= self.overlap <= 1:
             raise CostError(f"overlap must be between 0 (serial) and 1 (perfect), got {self.overlap!r}")
-        if isinstance(self.op_overhead, bool) or not isinstance(self.op_overhead, (int, float)) \
+        if not is_real(self.op_overhead) \
                 or not math.isfinite(self.op_overhead) or self.op_overhead < 0:
             raise CostError(f"op_overhead must be finite and >= 0, got {self.op_overhead!r}")
         self.network.check()
         if not isinstance(self.comm_buffers, bool):
             raise CostError(f"comm_buffers must be true or false, got {self.comm_buffers!r}")
-        if isinstance(self.recv_lookahead, bool) or not isinstance(self.recv_lookahead, int):
+        if not is_int(self.recv_lookahead):
             raise CostError(f"recv_lookahead must be an integer (< 0: all at the start), got {self.recv_lookahead!r}")
         if self.host is not None:
             self.host.check()

@@ -2,8 +2,8 @@
 
 gloo completes a send only after the receiver has posted the matching receive; a send
 that finds none waits for the sender's communication thread to see the receive arrive
-later, and that thread competes for a core with the sender's compute (measured here:
-transfers of 64 KiB held up 4-8 ms). So a receive should be posted before its sender
+later, and that thread competes for a core with the sender's compute (milliseconds
+lost per transfer; docs/executor.md has the measurements). So a receive should be posted before its sender
 sends, but not much earlier, since a posted receive holds its buffer.
 
 The rule: the receive for a transfer is posted before the receiver's unit that starts

@@ -21,6 +21,7 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 from pipesched.schedules.ir import OPS
+from pipesched.schedules.numbers import is_int, is_real
 from pipesched.schedules.outputs import write_text
 
 FORMAT = "pipesched.trace/1"
@@ -199,7 +200,7 @@ _INT32 = 2 ** 31 - 1  # mb and stage are stored as int32
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return is_int(x)
 
 
 def _count(x: Any, where: str) -> int:
@@ -215,7 +216,7 @@ def _list(x: Any, where: str) -> list:
 
 
 def _time(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return is_real(x) and math.isfinite(x)
 
 
 def _span(row: Any, i: int, ranks: int, microbatches: int, spans: int) -> Span:
