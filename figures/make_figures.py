@@ -26,7 +26,8 @@ from pathlib import Path
 
 from pipesched.plots.compare import plot_compare
 from pipesched.plots.gallery import plot_gallery
-from pipesched.schedules.registry import BUILDERS, build
+import pipesched as ps
+from pipesched.schedules.registry import BUILDERS
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import Link, Network, uniform
 from pipesched.simulator.trace import Trace
@@ -52,7 +53,7 @@ def cli(*args: str) -> None:
 
 
 def schedules() -> Path:
-    traces = [simulate(build(name, P, M, op_time=COSTS.op_time_for(P)), COSTS) for name in BUILDERS]
+    traces = [simulate(ps.build(name, P, M, costs=COSTS), COSTS) for name in BUILDERS]
     out = HERE / "schedules.png"
     plot_gallery(traces, out, title=f"every built-in schedule at p={P}, m={M} on one time axis "
                                     "(F 10 ms, B 10 ms, W 8 ms per stage; transfers 2.7 ms)")

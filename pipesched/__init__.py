@@ -59,13 +59,21 @@ def schedule_names() -> list[str]:
 
 
 def build(name: str, ranks: int, microbatches: int, chunks: int | None = None, *,
-          costs: CostModel | None = None) -> Schedule:
+          costs: CostModel | None = None, max_activations: float | None = None,
+          memory_limit: float | None = None) -> Schedule:
     """A built-in schedule for `ranks` ranks and `microbatches` microbatches; `chunks` is v
     for schedules that take it. With `costs`, schedules that adapt to op durations
-    (zb-h2, zb-v) order their ops for them, as `simulate` on the command line does."""
-    if costs is not None:
-        costs.check()
-    return _build(name, ranks, microbatches, chunks, costs.op_time_for(ranks) if costs is not None else None)
+    (zb-h2, zb-v, v-half, v-min, zb-auto) order their ops for them, exactly as the command
+    line does. `max_activations` (microbatches of one pipeline stage's activations; 1F1B
+    holds p) and `memory_limit` (bytes per rank, under `costs`) bound zb-auto's search;
+    any other schedule over them is refused (ValueError)."""
+    from .budget import Budget, build_within
+
+    budget = Budget(max_activations, memory_limit)
+    if costs is None and not budget:
+        return _build(name, ranks, microbatches, chunks)
+    costs = _costs.CostModel() if costs is None else costs.check()
+    return build_within(name, ranks, microbatches, chunks, costs, budget)
 
 
 def check_schedule(schedule: Schedule) -> TaskGraph:

@@ -67,3 +67,18 @@ def test_metrics_of_a_schedule_include_its_critical_path():
     schedule = ps.build("1f1b", 4, 8)
     m = ps.metrics(ps.simulate(schedule, ps.uniform_costs()), schedule)
     assert m.makespan == pytest.approx((8 + 4 - 1) * 3) and m.critical_path
+
+
+def test_zb_auto_from_the_api_is_as_fast_as_every_built_in_under_the_same_costs():
+    costs = ps.uniform_costs(10e-3, 10e-3, 8e-3, activation_bytes=64 * 2**20, bandwidth=25e9, latency=20e-6)
+    makespan = {name: ps.metrics(ps.simulate(ps.build(name, 4, 8, costs=costs), costs)).makespan
+                for name in ps.schedule_names() if name != "dualpipe"}  # dualpipe holds two copies of the model
+    assert makespan["zb-auto"] <= min(makespan.values()) + 1e-12
+
+
+def test_a_memory_limit_bounds_zb_auto_and_refuses_what_does_not_fit():
+    from pipesched.schedules.activations import peak_activations
+    costs = ps.uniform_costs(1, 2, 1)
+    assert peak_activations(ps.build("zb-auto", 8, 16, costs=costs, max_activations=4)) <= 4
+    with pytest.raises(ValueError, match="does not fit"):
+        ps.build("zb-h2", 8, 16, costs=costs, max_activations=4)
