@@ -202,9 +202,19 @@ def keep_freed_memory() -> bool:
                 and mallopt(m_top_pad, 64 << 20))
 
 
+STARTUP_TIMEOUT_S = 120.0
+"""The least time ranks get to meet and connect (spawn, import torch, the gloo mesh): on a
+loaded machine that alone can take longer than a short --timeout, which bounds the
+schedule's waits (enforced by the transport), not process start-up."""
+
+
+def startup_timeout(timeout: float) -> timedelta:
+    return timedelta(seconds=max(timeout, STARTUP_TIMEOUT_S))
+
+
 def _init(ctx: RankContext, init_method: str | None = None, store: Any = None) -> None:
     dist.init_process_group("nccl" if ctx.backend == "nccl" else "gloo", init_method=init_method, store=store,
-                            rank=ctx.rank, world_size=ctx.world, timeout=timedelta(seconds=ctx.timeout))
+                            rank=ctx.rank, world_size=ctx.world, timeout=startup_timeout(ctx.timeout))
 
 
 def _describe(rank: int, exc: BaseException) -> str:
@@ -252,7 +262,7 @@ def _child(rank: int, world: int, backend: str, timeout: float, store_address: t
         configure_process(world, rank)
         ctx = RankContext(rank, world, rank, world, backend, rank_device(backend, rank), timeout)
         host, port = store_address
-        store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout))
+        store = dist.TCPStore(host, port, world, is_master=False, timeout=startup_timeout(timeout))
         _init(ctx, store=store)
         value = job(ctx, *args)
         # nobody tears the group down while a peer may still be finishing its last transfer
@@ -347,7 +357,7 @@ def launch_local(job: Callable[..., Any], args: tuple, ranks: int, backend: str 
     check_backend(backend, ranks)
     check_launchable(ranks)
     context = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, ranks, is_master=True, timeout=timedelta(seconds=timeout),
+    store = dist.TCPStore("127.0.0.1", 0, ranks, is_master=True, timeout=startup_timeout(timeout),
                           wait_for_workers=False)
     address = ("127.0.0.1", store.port)
     reports = [context.Pipe(duplex=False) for _ in range(ranks)]
