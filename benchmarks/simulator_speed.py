@@ -162,6 +162,8 @@ def main() -> None:
         print(text, flush=True)
         lines.append(text)
 
+    say(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start "
+        "(ratios are from this one run; absolute times move with the load)")
     p, m = (32, 128) if args.quick else (64, 256)
     command = ["simulate", "zb-v", "-p", str(p), "-m", str(m), "--latency", "0.01", "--json"]
     cli = timed_command(command)
@@ -188,6 +190,7 @@ def main() -> None:
         cmds = sweep_commands()
         say(f"sweep, {cmds['commands']} `pipesched sweep -p P -v V -m P,2P,4P,8P --engine exact` commands: "
             f"{cmds['total']:.1f} s end to end")
+    say(f"load average at the end: {os.getloadavg()[0]:.1f}")
     if args.out:
         with open(args.out, "w") as f:
             f.write(f"# python benchmarks/simulator_speed.py ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")

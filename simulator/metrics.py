@@ -177,6 +177,9 @@ class _PathWalk:
         span = self.span
         self.tolerance = 1e-9 * float(trace.end[span].max() - trace.start[span].min()) if len(span) else 0.0
         self.previous_unit = {b: a for ids in graph.rank_units for a, b in zip(ids, ids[1:])}
+        # per task, the ids of the edges into it, in edge order (a CSR: cheaper than graph.task_inputs)
+        self.in_edges = np.argsort(col["edge_dst"], kind="stable").tolist()
+        self.in_ptr = np.searchsorted(col["edge_dst"][self.in_edges], np.arange(len(graph.tasks) + 1)).tolist()
         self.span = span.tolist()
 
     @staticmethod
@@ -210,7 +213,7 @@ class _PathWalk:
             out.append((("task", before[-1]), 1))
             out += [(("xfer", self.send_of[t]), 0) for t in before if self.send_of[t] >= 0]
         for t in graph.units[u]:
-            for e in graph.task_inputs[t]:
+            for e in self.in_edges[self.in_ptr[t]:self.in_ptr[t + 1]]:
                 edge = graph.edges[e]
                 if graph.task_unit[edge.src] == u:
                     continue
