@@ -3,7 +3,7 @@
 Prints ratios measured in the same run (wall-clock seconds on this machine):
   1. zb-v, p=64, m=256, with communication: the command a user runs,
      `pipesched simulate zb-v -p 64 -m 256 --latency 0.01 --json` (a subprocess, so
-     interpreter start and imports count), and the library calls (build, validate,
+     interpreter start and imports count; the median of 3 runs), and the library calls (build, validate,
      simulate, metrics), against torch's get_schedule_ops(with_comms=True) +
      _simulate_comms_compute (unit time only). Target: the command >= 10x faster.
   2. One exact evaluation (resolve costs, longest path, Trace with memory) of zb-v
@@ -162,14 +162,18 @@ def main() -> None:
         print(text, flush=True)
         lines.append(text)
 
+    say(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start "
+        "(ratios are from this one run; absolute times move with the load)")
     p, m = (32, 128) if args.quick else (64, 256)
     command = ["simulate", "zb-v", "-p", str(p), "-m", str(m), "--latency", "0.01", "--json"]
-    cli = timed_command(command)
+    runs = sorted(timed_command(command) for _ in range(3))  # the command is short: three runs, load varies
+    cli = runs[1]
     mine = in_fresh_process("ours", "zb-v", p, m, None)
     des = in_fresh_process("ours", "zb-v", p, m, None, "des")
     theirs = in_fresh_process("torch_reference", p, m)
     say(f"zb-v p={p} m={m} with communication ({mine['tasks']} ops, {mine['spans']} spans)")
-    say(f"  command `pipesched {' '.join(command)}`: {cli:.2f} s end to end")
+    say(f"  command `pipesched {' '.join(command)}`: {cli:.2f} s end to end (median of 3 runs: "
+        f"{', '.join(f'{t:.2f}' for t in runs)} s)")
     say(f"  library, auto engine ({mine['engine']}): {mine['total']:.2f} s (build {mine['build']:.2f}, "
         f"validate {mine['validate']:.2f}, simulate {mine['simulate']:.2f}, metrics {mine['metrics']:.2f})")
     say(f"  library, DES: {des['total']:.2f} s (simulate {des['simulate']:.2f}); same makespan: "
@@ -188,6 +192,7 @@ def main() -> None:
         cmds = sweep_commands()
         say(f"sweep, {cmds['commands']} `pipesched sweep -p P -v V -m P,2P,4P,8P --engine exact` commands: "
             f"{cmds['total']:.1f} s end to end")
+    say(f"load average at the end: {os.getloadavg()[0]:.1f}")
     if args.out:
         with open(args.out, "w") as f:
             f.write(f"# python benchmarks/simulator_speed.py ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})\n")

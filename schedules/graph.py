@@ -138,6 +138,14 @@ def build_graph(schedule: Schedule) -> TaskGraph:
     unit_rank: list[int] = []
     rank_units: list[list[int]] = []
     for rank, program in enumerate(schedule.programs):
+        if not any(isinstance(item, Overlap) for item in program):  # one task per unit: extend in bulk
+            first_unit, first_task, n = len(units), len(tasks), len(program)
+            tasks.extend(program)
+            task_unit.extend(range(first_unit, first_unit + n))
+            units.extend((t,) for t in range(first_task, first_task + n))
+            unit_rank.extend([rank] * n)
+            rank_units.append(list(range(first_unit, first_unit + n)))
+            continue
         ids = []
         for item in program:
             members = []

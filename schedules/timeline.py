@@ -146,7 +146,7 @@ class OrderTimer:
         unit = 0
         for program in schedule.programs:
             for i, item in enumerate(program):
-                if type(item) is Overlap:
+                if isinstance(item, Overlap):
                     task_unit[index[item.first]] = task_unit[index[item.second]] = unit
                 else:
                     task_unit[index[item]] = unit

@@ -60,11 +60,12 @@ class _Layout:
         member = src[xfer] - (np.cumsum(size) - size)[col["unit"][src[xfer]]]  # its task's place in the unit
         xfer = xfer[_sorted_by(unit_link * int(size.max(initial=1)) + member, xfer, n_edges)]
         unit_link = col["unit"][src[xfer]] * (len(timing.links) + 1) + timing.edge_link[xfer]
-        turn = np.arange(len(xfer)) - np.searchsorted(unit_link, unit_link)
+        turn = _rank_in_run(unit_link)
         self.turns = int(turn.max(initial=0)) + 1
         group = wave[col["unit"][src[xfer]]] * self.turns + turn
-        xfer = self.sends = xfer[_sorted_by(group, np.arange(len(xfer)), len(xfer))]
-        self.send_bounds = np.searchsorted(np.sort(group), np.arange(len(waves) * self.turns + 1)).tolist()
+        by_group = _sorted_by(group, np.arange(len(xfer)), len(xfer))
+        xfer = self.sends = xfer[by_group]
+        self.send_bounds = np.searchsorted(group[by_group], np.arange(len(waves) * self.turns + 1)).tolist()
         send_offset = timing.host.send_offset[xfer] if timing.host is not None else np.zeros(len(xfer))
         self.send_src, self.send_link, self.send_time = src_pos[xfer], timing.edge_link[xfer], timing.edge_time[xfer]
         self.send_offset, self.send_len, self.send_posted = ready_offset[xfer], ready_len[xfer], send_offset
@@ -75,9 +76,18 @@ class _Layout:
         self.n_slots, self.first_send_slot = len(loc) + len(xfer) + 1, len(loc)
         # per unit (by position) its inputs' slots, padded with the idle slot
         by_dst = _sorted_by(dst_pos, np.arange(n_edges), n_edges)
-        column = np.arange(n_edges) - np.searchsorted(dst_pos[by_dst], dst_pos[by_dst])
+        column = _rank_in_run(dst_pos[by_dst])
         self.inputs = np.full((n_units, int(column.max(initial=-1)) + 1), self.n_slots - 1, dtype=np.int64)
         self.inputs[dst_pos[by_dst], column] = slot[by_dst]
+
+
+def _rank_in_run(sorted_keys: np.ndarray) -> np.ndarray:
+    """For sorted keys, each one's place among the equal keys before it (0, 1, ...)."""
+    if not len(sorted_keys):
+        return np.zeros(0, dtype=np.int64)
+    index = np.arange(len(sorted_keys))
+    starts = np.concatenate(([True], sorted_keys[1:] != sorted_keys[:-1]))
+    return index - np.maximum.accumulate(np.where(starts, index, 0))
 
 
 def _sorted_by(key: np.ndarray, tie: np.ndarray, tie_range: int) -> np.ndarray:

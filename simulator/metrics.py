@@ -166,17 +166,20 @@ class _PathWalk:
         self.send_of = self._lookup(send_key, sends, task_key).tolist()  # per task: the transfer of its output
         by_key = np.argsort(task_key, kind="stable")
         self.task_of_send = dict(zip(sends.tolist(), by_key[np.searchsorted(task_key[by_key], send_key)].tolist()))
-        self.ahead: dict[int, int] = {}  # send span -> the one before it on its link
-        by_link: dict[tuple[int, int], int] = {}
-        for i in sends[np.argsort(trace.start[sends], kind="stable")].tolist():
-            link = (int(trace.rank[i]), int(trace.peer[i]))
-            if link in by_link:
-                self.ahead[i] = by_link[link]
-            by_link[link] = i
+        # send span -> the one before it on its link, in start order
+        by_start = sends[np.argsort(trace.start[sends], kind="stable")]
+        link = trace.rank[by_start].astype(np.int64) * trace.ranks + trace.peer[by_start]
+        queue = by_start[np.argsort(link, kind="stable")]
+        same = link[np.argsort(link, kind="stable")]
+        follows = np.flatnonzero(same[1:] == same[:-1]) + 1
+        self.ahead = dict(zip(queue[follows].tolist(), queue[follows - 1].tolist()))
         self.start, self.end = trace.start.tolist(), trace.end.tolist()
         span = self.span
         self.tolerance = 1e-9 * float(trace.end[span].max() - trace.start[span].min()) if len(span) else 0.0
         self.previous_unit = {b: a for ids in graph.rank_units for a, b in zip(ids, ids[1:])}
+        # per task, the ids of the edges into it, in edge order (a CSR: cheaper than graph.task_inputs)
+        self.in_edges = np.argsort(col["edge_dst"], kind="stable").tolist()
+        self.in_ptr = np.searchsorted(col["edge_dst"][self.in_edges], np.arange(len(graph.tasks) + 1)).tolist()
         self.span = span.tolist()
         # the edges into each task (CSR): the walk visits a few thousand tasks, so per-task
         # lists for the whole graph (graph.task_inputs) would cost more than the walk

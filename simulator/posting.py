@@ -19,6 +19,12 @@ from pipesched.schedules.graph import LOCAL, TaskGraph
 from pipesched.schedules.timeline import UNIT_COST, unit_time_starts  # noqa: F401  (the unit-time run)
 
 
+def first_task_of_units(graph: TaskGraph) -> np.ndarray:
+    """Each unit's first task id (a unit's tasks are consecutive ids)."""
+    size = np.bincount(graph.columns()["unit"], minlength=len(graph.units))
+    return np.cumsum(size) - size
+
+
 def receive_posts(graph: TaskGraph, lookahead: int) -> np.ndarray:
     """For every edge, the position in the receiver's program of the unit before which
     its receive is posted (-1 for local edges)."""
@@ -33,11 +39,11 @@ def receive_posts(graph: TaskGraph, lookahead: int) -> np.ndarray:
     receiver = col["rank"][col["edge_dst"][xfer]]
     first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
     position = consumer - first[receiver]  # a rank's units are consecutive ids, in program order
-    before_producer = np.empty(len(xfer), dtype=np.int64)
-    for r, ids in enumerate(graph.rank_units):
-        mine = np.flatnonzero(receiver == r)
-        if len(mine):
-            # the receiver's last unit starting no later than the producer, in the unit-time run
-            before_producer[mine] = np.searchsorted(starts[ids[0]:ids[-1] + 1], starts[producer[mine]], "right") - 1
+    # the receiver's last unit starting no later than the producer, in the unit-time run: unit-time
+    # starts are whole numbers, so shifting rank r's by r * span keeps them exact and puts every
+    # rank's (increasing) starts in one increasing array
+    span = float(starts.max(initial=0.0)) + 1.0
+    shifted = starts + col["rank"][first_task_of_units(graph)] * span
+    before_producer = np.searchsorted(shifted, starts[producer] + receiver * span, "right") - 1 - first[receiver]
     posts[xfer] = np.maximum(0, np.minimum(position - lookahead, before_producer))
     return posts
