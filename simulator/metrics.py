@@ -181,11 +181,6 @@ class _PathWalk:
         self.in_edges = np.argsort(col["edge_dst"], kind="stable").tolist()
         self.in_ptr = np.searchsorted(col["edge_dst"][self.in_edges], np.arange(len(graph.tasks) + 1)).tolist()
         self.span = span.tolist()
-        # the edges into each task (CSR): the walk visits a few thousand tasks, so per-task
-        # lists for the whole graph (graph.task_inputs) would cost more than the walk
-        dst = col["edge_dst"]
-        self.in_edges = np.argsort(dst, kind="stable").tolist()
-        self.in_ptr = np.searchsorted(dst[self.in_edges], np.arange(len(graph.tasks) + 1)).tolist()
 
     @staticmethod
     def _lookup(span_keys: np.ndarray, spans: np.ndarray, task_key: np.ndarray) -> np.ndarray:
