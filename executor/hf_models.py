@@ -12,10 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipesched.schedules.numbers import is_int
-
 from .causal_lm import causal_lm_pipeline
-from .models import DTYPES, ModelError, PipelineModel
+from .models import DTYPES, ModelError, PipelineModel, check_sizes
 
 HF_PRESETS = ("hf-llama", "hf-gpt2")
 INSTALL = "pip install 'pipesched[hf]'"
@@ -54,10 +52,7 @@ class HFModel:
             raise ModelError(f"unknown preset {self.kind!r}; presets are {', '.join(HF_PRESETS)}")
         if self.dtype not in DTYPES:
             raise ModelError(f"unknown dtype {self.dtype!r}; dtypes are {', '.join(DTYPES)}")
-        for name in ("hidden", "layers_per_stage", "microbatch_size", "seq", "vocab"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ModelError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        check_sizes(self, ("hidden", "layers_per_stage", "microbatch_size", "seq", "vocab"))
         if self.hidden % (2 * self.heads):
             raise ModelError(f"{self.kind} --hidden must be a multiple of {2 * self.heads}, got {self.hidden}")
         return self

@@ -26,6 +26,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MODEL_KINDS = ("mlp", "transformer")
 
 
+def check_sizes(config: object, names: tuple[str, ...]) -> None:
+    """ModelError unless each named field of `config` is an integer >= 1 (its CLI flag named)."""
+    for name in names:
+        value = getattr(config, name)
+        if not is_int(value) or value < 1:
+            raise ModelError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+
+
 class ModelError(ValueError):
     """Stage modules, microbatches or a split that cannot run as a pipeline."""
 
@@ -109,10 +117,7 @@ class ExampleModel:
             raise ModelError(f"unknown model {self.kind!r}; models are {', '.join(MODEL_KINDS)}")
         if self.dtype not in DTYPES:
             raise ModelError(f"unknown dtype {self.dtype!r}; dtypes are {', '.join(DTYPES)}")
-        for name in ("hidden", "layers_per_stage", "microbatch_size", "seq"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise ModelError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        check_sizes(self, ("hidden", "layers_per_stage", "microbatch_size", "seq"))
         if self.kind == "transformer" and self.hidden % self.heads:
             raise ModelError(f"transformer --hidden must be a multiple of {self.heads}, got {self.hidden}")
         return self

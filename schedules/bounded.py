@@ -27,11 +27,8 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from .greedy import OpTime, unit_times
-from .ir import B, BW, F, W, Schedule, ScheduleError, Task, VirtualStage
-
-PREFER = ("alternate", "backward", "forward")
-
+from .greedy import PREFERENCES, OpTime, unit_times
+from .ir import B, BW, F, W, Schedule, ScheduleError, Task, VirtualStage, check_positive, uniform_paths, v_stages
 
 @dataclass(frozen=True)
 class Play:
@@ -270,7 +267,16 @@ def plays_at(limit: float, eager: bool = True) -> list[Play]:
     forwards. Over p = 4, 8, m = 2p, 4p, F,B,W = 1,1,1 / 1,2,1 / 2,3,1 and limits from
     V-Min's to ZB-H2's, on three placements, these include every winner of the 24
     combinations of Play's options (depth_first never changed the result there)."""
-    plays = [Play(limit, prefer, reserve=reserve) for reserve in (False, True) for prefer in PREFER]
+    plays = [Play(limit, prefer, reserve=reserve) for reserve in (False, True) for prefer in PREFERENCES]
     if eager:
         plays.append(Play(limit, "forward", eager_w=True))
     return plays
+
+
+def build_v_at_limit(name: str, ranks: int, microbatches: int, limit: float, op_time: OpTime | None) -> Schedule:
+    """A V-placed schedule (rank r holds model stages r and 2p-1-r) holding at most `limit`
+    microbatches of one pipeline stage's activations: the fastest of `plays_at(limit)`."""
+    check_positive(name, ranks=ranks, microbatches=microbatches)
+    stages = v_stages(ranks)
+    paths, mb_paths = uniform_paths(stages, microbatches)
+    return fastest_play(name, ranks, microbatches, stages, paths, mb_paths, plays_at(limit), op_time, {"v": 2})

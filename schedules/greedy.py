@@ -20,7 +20,7 @@ from typing import Callable
 
 from .graph import derive_edges
 from .ir import B, BW, F, W, Schedule, ScheduleError, Task, VirtualStage
-from .timeline import OpTime, fastest  # noqa: F401  (fastest: builders pick among candidates with it)
+from .timeline import OpTime
 
 
 def unit_times(ranks: int) -> OpTime:

@@ -1,7 +1,7 @@
 """Timelines with free transfers, on arrays: each op takes a given time, data moves at once.
 
-Builders compare candidate orders with them (`OrderTimer`, `fastest` in
-`schedules.greedy`) and the receive-posting rule times a unit-time run with them
+Builders compare candidate orders with them (`OrderTimer`, `fastest`,
+`makespan_under`) and the receive-posting rule times a unit-time run with them
 (`unit_time_starts`). The core walks units in waves: wave k holds the units whose
 predecessors (the previous unit of their rank and the producers of their inputs) all
 lie in earlier waves, so a wave is one numpy step, and a schedule whose ranks run n

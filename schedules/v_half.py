@@ -17,9 +17,9 @@ Constraints: p >= 1, m >= 1 (v is always 2).
 """
 from __future__ import annotations
 
-from .bounded import fastest_play, plays_at
+from .bounded import build_v_at_limit
 from .greedy import OpTime
-from .ir import Schedule, check_positive, uniform_paths, v_stages
+from .ir import Schedule
 
 
 def v_half_limit(ranks: int) -> int:
@@ -28,8 +28,4 @@ def v_half_limit(ranks: int) -> int:
 
 
 def build_v_half(ranks: int, microbatches: int, op_time: OpTime | None = None) -> Schedule:
-    check_positive("v-half", ranks=ranks, microbatches=microbatches)
-    stages = v_stages(ranks)
-    paths, mb_paths = uniform_paths(stages, microbatches)
-    return fastest_play("v-half", ranks, microbatches, stages, paths, mb_paths,
-                        plays_at(v_half_limit(ranks)), op_time, {"v": 2})
+    return build_v_at_limit("v-half", ranks, microbatches, v_half_limit(ranks), op_time)

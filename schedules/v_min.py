@@ -18,9 +18,9 @@ Constraints: p >= 1, m >= 1 (v is always 2).
 """
 from __future__ import annotations
 
-from .bounded import fastest_play, plays_at
+from .bounded import build_v_at_limit
 from .greedy import OpTime
-from .ir import Schedule, check_positive, uniform_paths, v_stages
+from .ir import Schedule
 
 
 def v_min_limit(ranks: int) -> int:
@@ -29,8 +29,4 @@ def v_min_limit(ranks: int) -> int:
 
 
 def build_v_min(ranks: int, microbatches: int, op_time: OpTime | None = None) -> Schedule:
-    check_positive("v-min", ranks=ranks, microbatches=microbatches)
-    stages = v_stages(ranks)
-    paths, mb_paths = uniform_paths(stages, microbatches)
-    return fastest_play("v-min", ranks, microbatches, stages, paths, mb_paths,
-                        plays_at(v_min_limit(ranks)), op_time, {"v": 2})
+    return build_v_at_limit("v-min", ranks, microbatches, v_min_limit(ranks), op_time)

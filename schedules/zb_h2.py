@@ -10,8 +10,9 @@ Constraints: p >= 1, m >= 1.
 """
 from __future__ import annotations
 
-from .greedy import PREFERENCES, OpTime, Rule, equal_durations, fastest, play, unit_times
+from .greedy import PREFERENCES, OpTime, Rule, equal_durations, play, unit_times
 from .ir import B, F, W, Schedule, check_positive, looped_stages, uniform_paths
+from .timeline import fastest
 
 
 def build_zb_h2(ranks: int, microbatches: int, op_time: OpTime | None = None) -> Schedule:

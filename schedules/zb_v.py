@@ -15,8 +15,9 @@ Constraints: p >= 1, m >= 1 (v is always 2).
 """
 from __future__ import annotations
 
-from .greedy import PREFERENCES, OpTime, Rule, equal_durations, fastest, play, unit_times
+from .greedy import PREFERENCES, OpTime, Rule, equal_durations, play, unit_times
 from .ir import B, F, W, Schedule, Task, check_positive, uniform_paths, v_stages
+from .timeline import fastest
 
 
 def published_order(ranks: int, microbatches: int) -> list[list[Task]]:

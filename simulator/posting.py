@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipesched.schedules.graph import LOCAL, TaskGraph
-from pipesched.schedules.timeline import UNIT_COST, unit_time_starts  # noqa: F401  (the unit-time run)
+from pipesched.schedules.timeline import unit_time_starts
 
 
 def first_task_of_units(graph: TaskGraph) -> np.ndarray:
