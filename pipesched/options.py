@@ -136,9 +136,7 @@ COST_DESTS = ("costs", "f", "b", "w", "latency", "bandwidth", "activation_bytes"
 
 def add_cost_args(parser: argparse.ArgumentParser) -> None:
     """The cost options (times take 12ms, 1.5us, ...; sizes 128MiB, 40GiB; bandwidths
-    50GB/s; plain numbers are seconds, bytes, bytes/s). Added once per parser."""
-    if "--f" in parser._option_string_actions:  # add_schedule_args already added them
-        return
+    50GB/s; plain numbers are seconds, bytes, bytes/s)."""
     g = parser.add_argument_group("costs (per pipeline stage: one rank's share of the model)")
     g.add_argument("--costs", metavar="FILE", help="cost file (JSON or TOML, pipesched.costs/1)")
     g.add_argument("--f", type=SECONDS, metavar="T", help="forward time per microbatch, e.g. 12ms (default 1 s)")

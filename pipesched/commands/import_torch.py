@@ -15,7 +15,7 @@ from ..terminal import check_outputs, printable, wrote
 def add_parser(sub) -> None:
     p = sub.add_parser("import-torch", help="convert a torch.distributed.pipelining schedule (class name or CSV dump)")
     add_schedule_args(p, "NAME|FILE.csv", "torch class name (GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
-                      "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) or a CSV written by torch's _dump_csv")
+                      "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) or a CSV written by torch's _dump_csv", costs=False)
     p.add_argument("-o", "--output", metavar="FILE.json", help="schedule file to write (default: stdout)")
     p.set_defaults(handler=run)
 

@@ -267,14 +267,10 @@ def run(args: argparse.Namespace) -> int:
                                                           "memory_limit": budget.memory_limit},
                           "best": best.to_dict(samples, budget), "candidates": cands,
                           "pareto": [c.to_dict(samples, budget) for c in front],
-                          "output": args.output}, indent=1, default=_nan_none))
+                          "output": args.output}, indent=1))
         return 0
     show_table(args, found, fitting, front, best, budget, samples, costs)
     return 0
-
-
-def _nan_none(x):
-    return None
 
 
 def show_table(args, found, fitting, front, best, budget: Budget, samples, costs: CostModel) -> None:

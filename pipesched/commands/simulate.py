@@ -16,7 +16,7 @@ from pipesched.simulator.trace import Trace
 from ..errors import UsageError
 from ..figure_options import add_figure_args, check_figure_args, figure_options, write_perfetto
 from ..formatting import fmt_bytes, fmt_seconds
-from ..options import add_cost_args, add_schedule_args, costs_from_args, schedule_from_args
+from ..options import add_schedule_args, costs_from_args, schedule_from_args
 from ..terminal import Progress, check_outputs, printable, wrote
 
 MAX_RUNS = 100_000
@@ -29,7 +29,6 @@ an hour; more is almost surely a typo."""
 def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="predict a schedule's timeline under a cost model")
     add_schedule_args(p)
-    add_cost_args(p)
     p.add_argument("--engine", choices=("auto", "des", "exact"), default="auto",
                    help="discrete-event simulation, the exact longest path (same timeline, faster, no shared "
                         "compute), or auto (default): exact unless ranks share compute")
