@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from .greedy import PREFERENCES, OpTime, unit_times
 from .ir import B, BW, F, W, Schedule, ScheduleError, Task, VirtualStage, check_positive, uniform_paths, v_stages
@@ -273,10 +274,13 @@ def plays_at(limit: float, eager: bool = True) -> list[Play]:
     return plays
 
 
-def build_v_at_limit(name: str, ranks: int, microbatches: int, limit: float, op_time: OpTime | None) -> Schedule:
-    """A V-placed schedule (rank r holds model stages r and 2p-1-r) holding at most `limit`
-    microbatches of one pipeline stage's activations: the fastest of `plays_at(limit)`."""
+def build_v_at_limit(name: str, ranks: int, microbatches: int, limit_of: Callable[[int], float],
+                     op_time: OpTime | None) -> Schedule:
+    """A V-placed schedule (rank r holds model stages r and 2p-1-r) holding at most
+    `limit_of(ranks)` microbatches of one pipeline stage's activations: the fastest of
+    `plays_at` that limit. ScheduleError unless ranks and microbatches are counts >= 1."""
     check_positive(name, ranks=ranks, microbatches=microbatches)
     stages = v_stages(ranks)
     paths, mb_paths = uniform_paths(stages, microbatches)
-    return fastest_play(name, ranks, microbatches, stages, paths, mb_paths, plays_at(limit), op_time, {"v": 2})
+    return fastest_play(name, ranks, microbatches, stages, paths, mb_paths, plays_at(limit_of(ranks)), op_time,
+                        {"v": 2})

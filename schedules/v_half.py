@@ -28,4 +28,4 @@ def v_half_limit(ranks: int) -> int:
 
 
 def build_v_half(ranks: int, microbatches: int, op_time: OpTime | None = None) -> Schedule:
-    return build_v_at_limit("v-half", ranks, microbatches, v_half_limit(ranks), op_time)
+    return build_v_at_limit("v-half", ranks, microbatches, v_half_limit, op_time)

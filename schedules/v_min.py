@@ -29,4 +29,4 @@ def v_min_limit(ranks: int) -> int:
 
 
 def build_v_min(ranks: int, microbatches: int, op_time: OpTime | None = None) -> Schedule:
-    return build_v_at_limit("v-min", ranks, microbatches, v_min_limit(ranks), op_time)
+    return build_v_at_limit("v-min", ranks, microbatches, v_min_limit, op_time)
