@@ -62,12 +62,15 @@ class Transfer:
 
 @dataclass
 class Done:
-    """A completed transfer: `lane` is "send" or "recv"; times in seconds."""
+    """A completed transfer: `lane` is "send" or "recv"; times in seconds. A receive also
+    says when its consumer began to take it (`taken`): a receive that ends well after
+    that was waited for, so its end is when the data arrived (which replay uses)."""
 
     transfer: Transfer
     lane: str
     start: float
     end: float
+    taken: float = float("nan")
 
 
 class _Pending:
@@ -126,6 +129,7 @@ class GlooTransport:
     def take(self, transfer: Transfer) -> Tensor:
         """The received tensor (on the compute device); blocks until it has arrived."""
         pending = self.recvs.pop(transfer.edge)
+        taken = now()
         try:
             pending.work.wait(timedelta(seconds=self.timeout))
         except RuntimeError as exc:
@@ -134,7 +138,7 @@ class GlooTransport:
                                     f"waiting for {transfer.what()} from rank {transfer.peer}") from None
             raise ExecutorError(f"rank {self.rank}: {transfer.consumer} could not receive {transfer.what()} "
                                 f"from rank {transfer.peer}: {_short(exc)}") from None
-        self.done.append(Done(transfer, "recv", pending.posted, now()))
+        self.done.append(Done(transfer, "recv", pending.posted, now(), taken))
         tensor = pending.tensor if self.device.type == "cpu" else pending.tensor.to(self.device)
         self.ledger.release(pending.key)
         return tensor

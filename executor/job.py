@@ -6,6 +6,7 @@ process group (from `launch_local`, `run_here` or a test's own job); rank 0 retu
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -196,6 +197,7 @@ def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Tra
     op_times: dict[tuple[str, int], list[float]] = {}
     forward_bytes: dict[int, list[int]] = {}
     kept_bytes: dict[int, list[int]] = {}
+    takes: list[list] = []
     for offset, rec in steps:
         shift = offset + t0
         for t, start, end in rec.compute:
@@ -203,10 +205,12 @@ def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Tra
             paired = len(graph.units[graph.task_unit[t]]) > 1
             spans.append(Span(rec.rank, COMPUTE, task.op, task.mb, task.stage, start - shift, end - shift, -1, paired))
             op_times.setdefault((task.op, sched.stages[task.stage].model_stage), []).append(end - start)
-        for lane, e, peer, start, end in rec.transfers:
+        for lane, e, peer, start, end, taken in rec.transfers:
             src = graph.tasks[graph.edges[e].src]
             spans.append(Span(rec.rank, SEND if lane == "send" else RECV, src.op, src.mb, src.stage,
                               start - shift, end - shift, peer))
+            if lane == "recv" and math.isfinite(taken):
+                takes.append([rec.rank, src.op, src.mb, src.stage, peer, taken - shift])
         times, levels = rec.memory
         memory.append(([x - shift for x in times], levels))
         for k, v in rec.forward_bytes.items():
@@ -217,6 +221,9 @@ def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Tra
         "op_time_mean": {f"{op}@{k}": statistics.fmean(v) for (op, k), v in sorted(op_times.items())},
         "activation_memory": {str(k): statistics.fmean(v) for k, v in sorted(forward_bytes.items())},
         "weight_memory": {str(k): statistics.fmean(v) for k, v in sorted(kept_bytes.items())},
+        # per receive: [rank, op, mb, stage, sender, when its consumer began to take it (s)];
+        # see simulator.replay
+        "receive_takes": takes,
     }
     return Trace.from_spans(sched.name, sched.ranks, sched.microbatches, "measured", spans, memory, meta)
 

@@ -34,7 +34,7 @@ class RankStep:
     start: float
     end: float
     compute: list[tuple[int, float, float]]            # (task id, start, end)
-    transfers: list[tuple[str, int, int, float, float]]  # (lane, edge, peer, start, end)
+    transfers: list[tuple[str, int, int, float, float, float]]  # (lane, edge, peer, start, end, taken)
     memory: tuple[list[float], list[int]]
     losses: dict[int, float]                           # microbatch -> scaled loss (last model stage)
     host_op_time: float                                # seconds the host spent inside op calls
@@ -138,7 +138,8 @@ class RankRuntime:
         self.timer.sync()
         end = now()
         compute = [(t, self.timer.seconds(a), self.timer.seconds(b)) for t, a, b in marks]
-        transfers = [(d.lane, d.transfer.edge, d.transfer.peer, d.start, d.end) for d in self.transport.done]
+        transfers = [(d.lane, d.transfer.edge, d.transfer.peer, d.start, d.end, d.taken)
+                     for d in self.transport.done]
         self.transport.done.clear()
         memory = (list(self.ledger.times), list(self.ledger.levels))
         return RankStep(self.rank, start, end, compute, transfers, memory, {mb: float(v) for mb, v in losses.items()},

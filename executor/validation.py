@@ -10,6 +10,10 @@ Memory is compared like for like: the executor counts activations and communicat
 buffers, not parameters, so the prediction compared with it leaves parameters out too;
 parameter bytes per rank are reported beside it (predicted from the cost model,
 measured from the modules).
+
+Beside the prediction, the run is replayed (`simulator.replay`): simulated again with
+the durations it measured, so the replay's error is the simulator's own and the rest of
+the prediction's error is cost estimation.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from pipesched.simulator.api import simulate
 from pipesched.simulator.compare import Comparison, compare
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.memory import resident_bytes
+from pipesched.simulator.replay import replay
 from pipesched.simulator.trace import Trace
 
 from .calibrate import CalibrationOptions, calibrate_here, oversubscribed
@@ -37,6 +42,8 @@ class Validation:
     comparison: Comparison
     run: RunResult
     param_bytes: list[tuple[float, float]]  # per rank: (predicted, measured)
+    replayed: Trace                # the run simulated again with its measured durations
+    replay_comparison: Comparison
 
     @property
     def shared(self) -> bool:
@@ -56,6 +63,7 @@ class Validation:
                     "source": trace.source}
 
         host = self.costs.host
+        rc = self.replay_comparison
         return {
             "schedule": self.measured.schedule, "ranks": self.measured.ranks,
             "microbatches": self.measured.microbatches, "backend": self.run.backend,
@@ -68,7 +76,16 @@ class Validation:
             "makespan_rel_error": c.makespan_rel_error, "bubble_abs_error": c.bubble_abs_error,
             "start_time_error_p50": c.start_time_error_p50, "start_time_error_p90": c.start_time_error_p90,
             "peak_memory_rel_error": c.peak_memory_rel_error,
-            "per_rank": [{"rank": r.rank, "predicted_bubble": r.predicted_bubble, "measured_bubble": r.measured_bubble,
+            "replay_makespan_rel_error": rc.makespan_rel_error,
+            "replay": {"makespan": rc.predicted.makespan, "bubble_ratio": rc.predicted.bubble_ratio,
+                       "bubble_abs_error": rc.bubble_abs_error, "start_time_error_p50": rc.start_time_error_p50,
+                       "start_time_error_p90": rc.start_time_error_p90,
+                       "transfers_replayed": bool(self.replayed.meta.get("replayed_transfers")),
+                       "per_rank": [{"rank": r.rank, "finish": r.predicted_finish,
+                                     "finish_rel_error": r.finish_rel_error, "bubble_error": r.bubble_error}
+                                    for r in rc.per_rank]},
+            "per_rank": [{"rank": r.rank, "predicted_finish": r.predicted_finish,
+                          "measured_finish": r.measured_finish, "finish_rel_error": r.finish_rel_error, "predicted_bubble": r.predicted_bubble, "measured_bubble": r.measured_bubble,
                           "bubble_error": r.bubble_error, "predicted_peak_memory": r.predicted_peak_memory,
                           "measured_peak_memory": r.measured_peak_memory,
                           "peak_memory_rel_error": r.peak_memory_rel_error,
@@ -130,5 +147,7 @@ def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: R
     comparison = compare(predicted, result.trace)
     params = resident_bytes(graph, costs.model_stage_costs(schedule.ranks, schedule.num_model_stages))
     measured = result.trace.meta.get("param_bytes", [float("nan")] * schedule.ranks)
+    replayed = replay(graph, result.trace, without_parameters(costs))
     return Validation(costs, predicted, result.trace, comparison, result,
-                      [(float(p), float(m)) for p, m in zip(params, measured)])
+                      [(float(p), float(m)) for p, m in zip(params, measured)],
+                      replayed, compare(replayed, result.trace))

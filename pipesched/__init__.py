@@ -28,6 +28,7 @@ from .simulator.api import simulate
 from .simulator.compare import Comparison, compare
 from .simulator.costs import CostError, CostModel, StageCost
 from .simulator.metrics import Metrics, compute_metrics
+from .simulator.replay import ReplayError, replay
 from .simulator.trace import Trace, TraceError
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     # costs and the simulator
     "CostModel", "StageCost", "CostError", "uniform_costs", "load_costs", "save_costs",
     "simulate", "Trace", "TraceError", "Metrics", "metrics", "Comparison", "compare", "plot",
+    "replay", "ReplayError",
     # the executor (torch)
     "PipelineModel", "ExampleModel", "RunOptions", "RunResult", "CalibrationOptions", "Validation",
     "run", "calibrate", "validate",

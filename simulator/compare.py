@@ -31,6 +31,9 @@ class RankComparison:
     predicted_peak_memory: float
     measured_peak_memory: float
     peak_memory_rel_error: float  # nan when nothing was measured
+    predicted_finish: float = float("nan")  # seconds from the step's first op to the rank's last op end
+    measured_finish: float = float("nan")
+    finish_rel_error: float = float("nan")
 
 
 @dataclass
@@ -63,12 +66,18 @@ class Comparison:
         return d
 
 
-def _keyed_compute(trace: Trace) -> dict[tuple[int, int, int], tuple[float, float]]:
+def _keyed_compute(trace: Trace) -> dict[tuple[int, int, int, int], tuple[float, float]]:
+    """(rank, op, mb, stage) -> (start, end) of every compute span, from the first op start."""
     comp = np.flatnonzero(trace.lane == COMPUTE)
     t0 = float(trace.start[comp].min()) if len(comp) else 0.0
-    return {(int(trace.op[i]), int(trace.mb[i]), int(trace.stage[i])): (float(trace.start[i]) - t0,
-                                                                          float(trace.end[i]) - t0)
-            for i in comp}
+    return {(int(trace.rank[i]), int(trace.op[i]), int(trace.mb[i]), int(trace.stage[i])):
+            (float(trace.start[i]) - t0, float(trace.end[i]) - t0) for i in comp}
+
+
+def _rank_finish(keyed: dict[tuple[int, int, int, int], tuple[float, float]], ranks: int) -> list[float]:
+    """Per rank, the end of its last op (seconds on the trace's step clock); nan without ops."""
+    return [max((end for (rank, *_), (_, end) in keyed.items() if rank == r), default=float("nan"))
+            for r in range(ranks)]
 
 
 def _rel(predicted: float, measured: float) -> float:
@@ -88,16 +97,18 @@ def compare(predicted: Trace, measured: Trace) -> Comparison:
     start_err = np.array([abs(pk[k][0] - mk[k][0]) for k in common]) / mm.makespan
     per_op = []
     for op_index, op in enumerate(OPS):
-        keys = [k for k in common if k[0] == op_index]
+        keys = [k for k in common if k[1] == op_index]
         if keys:
             p_med = float(np.median([pk[k][1] - pk[k][0] for k in keys]))
             m_med = float(np.median([mk[k][1] - mk[k][0] for k in keys]))
             per_op.append(OpKindComparison(op, len(keys), p_med, m_med, _rel(p_med, m_med)))
     per_rank = []
+    p_end, m_end = _rank_finish(pk, predicted.ranks), _rank_finish(mk, measured.ranks)
     for a, b in zip(pm.per_rank, mm.per_rank):
         per_rank.append(RankComparison(a.rank, a.bubble_ratio, b.bubble_ratio, a.bubble_ratio - b.bubble_ratio,
                                        a.peak_memory_bytes, b.peak_memory_bytes,
-                                       _rel(a.peak_memory_bytes, b.peak_memory_bytes)))
+                                       _rel(a.peak_memory_bytes, b.peak_memory_bytes),
+                                       p_end[a.rank], m_end[a.rank], _rel(p_end[a.rank], m_end[a.rank])))
     memory_errors = [r.peak_memory_rel_error for r in per_rank if np.isfinite(r.peak_memory_rel_error)]
     return Comparison(
         schedule=measured.schedule, predicted=pm, measured=mm,

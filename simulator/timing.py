@@ -66,18 +66,32 @@ class Timeline:
 
 
 def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
-            rng: np.random.Generator | None = None) -> Timing:
+            rng: np.random.Generator | None = None, task_times: np.ndarray | None = None,
+            edge_times: np.ndarray | None = None) -> Timing:
     """Apply `costs` to `graph`. With noise_cv > 0, every op and transfer time is
     multiplied by an independent lognormal factor of mean 1 and that coefficient of
-    variation (drawn from `rng`)."""
+    variation (drawn from `rng`). `task_times` (seconds per task id, e.g. the durations a
+    run measured: see `simulator.replay`) replaces the op times the cost model gives,
+    op overhead and cheaper first backwards included; `edge_times` (seconds per edge id)
+    likewise replaces the transfer times of the edges between ranks."""
     sched = graph.schedule
     col = graph.columns()
     stage_costs = costs.model_stage_costs(sched.ranks, sched.num_model_stages)
     model = np.asarray([st.model_stage for st in sched.stages], dtype=np.int64)
-    op_table = np.asarray([[c.op_time(op) for op in OPS] for c in stage_costs]).reshape(-1, len(OPS))
-    task_time = op_table[model[col["stage"]], col["op"]] + costs.op_overhead
-    _first_backwards_keep(graph, stage_costs, model, task_time)
+    if task_times is None:
+        op_table = np.asarray([[c.op_time(op) for op in OPS] for c in stage_costs]).reshape(-1, len(OPS))
+        task_time = op_table[model[col["stage"]], col["op"]] + costs.op_overhead
+        _first_backwards_keep(graph, stage_costs, model, task_time)
+    else:
+        task_time = np.array(task_times, dtype=float)
+        if task_time.shape != (len(col["op"]),) or not (np.isfinite(task_time) & (task_time >= 0)).all():
+            raise ValueError(f"task_times needs {len(col['op'])} finite seconds >= 0, one per task")
     edge_bytes, edge_time, edge_link, links = _transfers(graph, costs, stage_costs)
+    if edge_times is not None:
+        given = np.asarray(edge_times, dtype=float)
+        if given.shape != edge_time.shape or not (np.isfinite(given) & (given >= 0)).all():
+            raise ValueError(f"edge_times needs {len(edge_time)} finite seconds >= 0, one per edge")
+        edge_time = np.where(edge_link >= 0, given, 0.0)
     if noise_cv > 0:
         rng = rng or np.random.default_rng()
         sigma2 = np.log1p(noise_cv ** 2)

@@ -29,15 +29,20 @@ def pipesched(*args: str, timeout: float = 240, env: dict | None = None) -> subp
 def test_validate_reports_predicted_against_measured(tmp_path):
     # no --out: a new folder in the temporary directory, announced on stderr beside --json
     proc = pipesched("validate", "zb-h1", "-p", "2", "-m", "8", *SMALL, "--steps", "5", "--warmup", "2",
-                     "--json", env={"TMPDIR": str(tmp_path)})
+                     "--json", "--replay", env={"TMPDIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     (folder,) = [p for p in tmp_path.iterdir()]
     assert folder.name.startswith("pipesched-validate-") and f"wrote {folder}" in proc.stderr
     tmp_path = folder
     for key in ("schedule", "predicted", "measured", "makespan_rel_error", "bubble_abs_error",
-                "start_time_error_p50", "start_time_error_p90", "peak_memory_rel_error", "per_rank", "per_op"):
+                "start_time_error_p50", "start_time_error_p90", "peak_memory_rel_error", "per_rank", "per_op",
+                "replay_makespan_rel_error", "replay"):
         assert key in doc, key
+    # the replay uses the run's own durations, so it is much closer than any prediction needs to be
+    assert abs(doc["replay_makespan_rel_error"]) < 0.1 and doc["replay"]["transfers_replayed"]
+    assert [r["rank"] for r in doc["replay"]["per_rank"]] == [0, 1]
+    assert Trace.load(tmp_path / "replay.json").meta["replay"] == "task"
     for side in ("predicted", "measured"):
         assert {"makespan", "bubble_ratio", "per_rank"} <= set(doc[side])
     assert doc["schedule"] == "zb-h1" and len(doc["per_rank"]) == 2 and doc["loss_matches_reference"]

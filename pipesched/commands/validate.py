@@ -3,7 +3,9 @@
 Prints predicted and measured makespan and their relative error, per-rank bubble ratio
 (predicted, measured, difference), the median and p90 of per-op start-time error
 divided by the makespan, and peak memory per rank predicted vs measured; writes both
-traces and the predicted-vs-measured figure into --out.
+traces and the predicted-vs-measured figure into --out. Every report carries the replay
+error (the run simulated again with its own measured durations: the simulator's share of
+the error); --replay adds the replay per rank and writes replay.json.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", metavar="DIR",
                    help="write predicted.json, measured.json, costs.json and validate.png here "
                         "(default: a new folder pipesched-validate-* in the temporary directory)")
+    p.add_argument("--replay", action="store_true",
+                   help="also show the replay (the run simulated with its measured op and transfer times) "
+                        "per rank, and write replay.json")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(handler=run)
 
@@ -69,15 +74,19 @@ def run(args: argparse.Namespace) -> int:
     result.predicted.save(out / "predicted.json")
     result.measured.save(out / "measured.json")
     save(result.costs, out / "costs.json")
+    files = list(OUT_FILES)
+    if args.replay:
+        result.replayed.save(out / "replay.json")
+        files.append("replay.json")
     from ..plots.compare import plot_compare
     plot_compare(result.predicted, result.measured, out / "validate.png")
     summary = result.summary()
-    summary["files"] = [str(out / name) for name in OUT_FILES]
+    summary["files"] = [str(out / name) for name in files]
     if args.json:
         print(json.dumps(summary, indent=1))
-        wrote(out, "predicted.json, measured.json, costs.json, validate.png", to_stderr=True)
+        wrote(out, ", ".join(files), to_stderr=True)
     else:
-        print_report(summary, result.costs)
+        print_report(summary, result.costs, args.replay)
     check = result.run.check
     return 1 if check is not None and not (check.loss_matches and check.grads_match) else 0
 
@@ -93,7 +102,7 @@ def check_out_folder(out: str, schedule: str) -> None:
         raise UsageError(f"--out {out!r} cannot be a folder: {str(existing)!r} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write into --out {out!r}: permission denied in {str(existing)!r}")
-    check_distinct({f"--out file {name}": str(folder / name) for name in OUT_FILES}, {"SCHEDULE": schedule})
+    check_distinct({f"--out file {name}": str(folder / name) for name in (*OUT_FILES, "replay.json")}, {"SCHEDULE": schedule})
 
 
 OUT_FILES = ("predicted.json", "measured.json", "costs.json", "validate.png")
@@ -122,7 +131,7 @@ def _pct(x: float) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f} %"
 
 
-def print_report(s: dict, costs) -> None:
+def print_report(s: dict, costs, replay: bool = False) -> None:
     print(f"{printable(s['schedule'])}: {s['ranks']} ranks, {s['microbatches']} microbatches ({s['backend']}; {s['model']})")
     print_costs(costs)
     if s["shared_compute"]:
@@ -137,6 +146,9 @@ def print_report(s: dict, costs) -> None:
           f"{_pct(s['makespan_rel_error']):>12}")
     print(f"{'bubble ratio':<24}{100 * p['bubble_ratio']:>10.2f} %{100 * m['bubble_ratio']:>10.2f} %"
           f"{100 * (p['bubble_ratio'] - m['bubble_ratio']):>+9.2f} pt")
+    rp = s["replay"]
+    print(f"{'replay':<24}{fmt_seconds(rp['makespan']):>12}{fmt_seconds(m['makespan']):>12}"
+          f"{_pct(s['replay_makespan_rel_error']):>12}   (measured durations: the simulator's own error)")
     print(f"op start-time error / makespan: p50 {100 * s['start_time_error_p50']:.2f} %, "
           f"p90 {100 * s['start_time_error_p90']:.2f} %")
     print(f"{'rank':>4}  {'bubble pred':>11}  {'meas':>7}  {'diff':>8}  {'peak mem pred':>13}  {'meas':>10}  "
@@ -146,6 +158,14 @@ def print_report(s: dict, costs) -> None:
               f"{100 * r['bubble_error']:>+5.2f} pt  {fmt_bytes(r['predicted_peak_memory']):>13}  "
               f"{fmt_bytes(r['measured_peak_memory']):>10}  {_pct(r['peak_memory_rel_error']):>9}  "
               f"{fmt_bytes(r['predicted_param_bytes']):>11}  {fmt_bytes(r['measured_param_bytes']):>10}")
+    if replay:
+        print(f"{'rank':>4}  {'finish pred':>11}  {'replay':>9}  {'meas':>9}  {'pred err':>9}  {'replay err':>10}")
+        for a, b in zip(s["per_rank"], rp["per_rank"]):
+            print(f"{a['rank']:>4}  {fmt_seconds(a['predicted_finish']):>11}  {fmt_seconds(b['finish']):>9}  "
+                  f"{fmt_seconds(a['measured_finish']):>9}  {_pct(a['finish_rel_error']):>9}  "
+                  f"{_pct(b['finish_rel_error']):>10}")
+        if not rp["transfers_replayed"]:
+            print("note: the trace does not say when receives were taken; the replay kept the modelled link times")
     ops = ", ".join(f"{o['op']} {fmt_seconds(o['predicted_median'])} vs {fmt_seconds(o['measured_median'])}"
                     for o in s["per_op"])
     print(f"median op time, predicted vs measured: {ops}")

@@ -1,0 +1,82 @@
+"""Replay: a run simulated again with the durations it measured (simulator.replay)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipesched.schedules.ir import OPS
+from pipesched.schedules.registry import build
+from pipesched.simulator.api import simulate
+from pipesched.simulator.compare import compare
+from pipesched.simulator.costs import HostOverhead, uniform
+from pipesched.simulator.metrics import compute_metrics
+from pipesched.simulator.replay import ReplayError, measured_task_times, replay
+from pipesched.simulator.trace import COMPUTE, RECV
+from pipesched.schedules.validate import validate
+
+COSTS = uniform(1e-3, 1.2e-3, 0.8e-3, latency=50e-6, bandwidth=1e9, activation_bytes=1e5,
+                host_overhead=HostOverhead(per_op=20e-6, per_send=30e-6, per_recv=10e-6, per_take=5e-6))
+
+
+@pytest.mark.parametrize("name, p, m", [("1f1b", 4, 8), ("zb-h1", 2, 6), ("interleaved-1f1b", 2, 4),
+                                        ("zb-v", 2, 4), ("dualpipev", 4, 8), ("gpipe", 3, 5)])
+def test_replaying_a_simulation_gives_it_back(name, p, m):
+    schedule = build(name, p, m)
+    trace = simulate(schedule, COSTS)
+    again = replay(schedule, trace, COSTS)
+    assert not again.meta["replayed_transfers"]  # a simulation does not record receive takes
+    np.testing.assert_allclose(np.sort(again.end), np.sort(trace.end), rtol=0, atol=1e-12)
+    assert compare(again, trace).makespan_rel_error == pytest.approx(0, abs=1e-12)
+
+
+def test_a_slow_op_measured_is_a_slow_op_replayed():
+    schedule = build("1f1b", 2, 4)
+    trace = simulate(schedule, COSTS)
+    last = np.flatnonzero((trace.lane == COMPUTE) & (trace.rank == 0))
+    last = last[np.argmax(trace.end[last])]
+    slow = replace(trace, end=trace.end.copy())
+    slow.end[last] += 5e-3  # the step's last op took 5 ms longer
+    before = compute_metrics(trace).makespan
+    assert compute_metrics(replay(schedule, slow, COSTS)).makespan == pytest.approx(before + 5e-3, rel=1e-12)
+
+
+def test_a_transfer_waited_for_arrives_when_the_run_saw_it_arrive():
+    schedule = build("1f1b", 2, 2)
+    trace = simulate(schedule, COSTS)
+    graph = validate(schedule)
+    # F0 on rank 1 consumes the activation of F0 on rank 0; say rank 1 began taking it at
+    # once and the data came 3 ms later than the link model says
+    recv = np.flatnonzero((trace.lane == RECV) & (trace.mb == 0) & (trace.op == OPS.index("F")))[0]
+    late = replace(trace, end=trace.end.copy(), meta={**trace.meta})
+    arrival = late.end[recv] + 3e-3
+    late.end[recv] = arrival
+    late.meta["receive_takes"] = [[1, "F", 0, 0, 0, float(trace.end[recv])]]
+    again = replay(graph, late, COSTS)
+    assert again.meta["replayed_transfers"]
+    f0 = np.flatnonzero((again.lane == COMPUTE) & (again.rank == 1) & (again.mb == 0) & (again.op == 0))[0]
+    assert again.start[f0] == pytest.approx(arrival + COSTS.host_overhead.per_take, abs=1e-12)
+
+
+def test_per_kind_replay_uses_each_ranks_median():
+    schedule = build("1f1b", 2, 3)
+    trace = simulate(schedule, COSTS)
+    graph = validate(schedule)
+    noisy = replace(trace, end=trace.end.copy())
+    f_rank0 = np.flatnonzero((trace.lane == COMPUTE) & (trace.rank == 0) & (trace.op == 0))
+    noisy.end[f_rank0] += np.array([0.0, 1e-3, 2e-3])  # durations 1, 2, 3 ms: median 2 ms
+    times = measured_task_times(graph, noisy, "kind")
+    col = graph.columns()
+    assert times[(col["rank"] == 0) & (col["op"] == 0)] == pytest.approx([2e-3] * 3)
+    assert times[(col["rank"] == 1) & (col["op"] == 0)] == pytest.approx([1e-3] * 3)
+
+
+def test_a_trace_of_another_schedule_is_refused():
+    trace = simulate(build("1f1b", 2, 4), COSTS)
+    with pytest.raises(ReplayError, match="p=2, m=4"):
+        replay(build("1f1b", 2, 6), trace, COSTS)
+    with pytest.raises(ReplayError, match="no span of"):
+        replay(build("zb-h1", 2, 4), trace, COSTS)
+    with pytest.raises(ReplayError, match="replay mode"):
+        replay(build("1f1b", 2, 4), trace, COSTS, per="rank")
