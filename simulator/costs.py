@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from pipesched.schedules.ir import B, BW, F, W
 from pipesched.schedules.numbers import is_int, is_real
@@ -92,6 +92,20 @@ class StageCost:
         if op == BW:
             return self.backward_input + self.backward_weight if self.backward_full is None else self.backward_full
         raise CostError(f"unknown op {op!r}")
+
+
+def merged(stages: Sequence[StageCost]) -> StageCost:
+    """One model stage made of consecutive `stages`: op times, memory and parameters add
+    up; what crosses its boundaries is what crosses the last one's."""
+    last = stages[-1]
+    full = None if all(s.backward_full is None for s in stages) else sum(s.op_time(BW) for s in stages)
+    return StageCost(
+        forward=sum(s.forward for s in stages), backward_input=sum(s.backward_input for s in stages),
+        backward_weight=sum(s.backward_weight for s in stages), backward_full=full,
+        activation_bytes=last.activation_bytes, gradient_bytes=last.gradient_bytes,
+        activation_memory=sum(s.activation_memory for s in stages),
+        weight_memory=sum(s.weight_memory for s in stages), param_bytes=sum(s.param_bytes for s in stages),
+        grad_accumulate=sum(s.grad_accumulate for s in stages))
 
 
 @dataclass(frozen=True)
@@ -274,15 +288,28 @@ class CostModel:
         return self
 
     def model_stage_costs(self, ranks: int, num_model_stages: int) -> list[StageCost]:
-        """Costs of each of S model stages of a schedule on `ranks` ranks. CostError when
-        `model_stages` is given for another number of model stages: silently using
-        `stages` instead would predict a model the user did not describe."""
+        """Costs of each of S model stages of a schedule on `ranks` ranks.
+
+        `model_stages` given for a finer split of the same model (S divides their number)
+        are merged, k consecutive stages into one (`merged`: exact for op times and
+        memory); given for a coarser split (their number divides S), each is cut into
+        equal parts (`StageCost.scaled`: assumes its layers cost alike). So a model
+        calibrated once predicts schedules of any number of chunks per rank. CostError
+        for any other number: silently using `stages` instead would predict a model the
+        user did not describe."""
         if self.model_stages is not None:
-            if len(self.model_stages) != num_model_stages:
-                raise CostError(f"the costs give model_stages for {len(self.model_stages)} model stages but the "
-                                f"schedule has {num_model_stages}; calibrate for this schedule, or drop "
-                                "model_stages to scale the per-rank stages")
-            return list(self.model_stages)
+            have = len(self.model_stages)
+            if have == num_model_stages:
+                return list(self.model_stages)
+            if num_model_stages and have % num_model_stages == 0:
+                k = have // num_model_stages
+                return [merged(self.model_stages[i * k:(i + 1) * k]) for i in range(num_model_stages)]
+            if num_model_stages % have == 0:
+                k = num_model_stages // have
+                return [stage.scaled(1 / k) for stage in self.model_stages for _ in range(k)]
+            raise CostError(f"the costs give model_stages for {have} model stages but the schedule has "
+                            f"{num_model_stages}, neither a multiple nor a divisor; calibrate for this "
+                            "schedule, or drop model_stages to scale the per-rank stages")
         if len(self.stages) not in (1, ranks):
             raise CostError(f"cost model gives {len(self.stages)} pipeline stages but the schedule has {ranks} ranks")
         k = ranks / num_model_stages

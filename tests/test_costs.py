@@ -53,11 +53,19 @@ def test_stage_costs_scale_with_the_number_of_model_stages():
 
 
 def test_explicit_model_stage_costs_win_and_must_match_the_schedule():
-    own = tuple(StageCost(forward=k + 1) for k in range(4))
+    own = tuple(StageCost(forward=k + 1, activation_bytes=10 * (k + 1), activation_memory=100, param_bytes=7)
+                for k in range(4))
     model = CostModel(stages=(StageCost(),), model_stages=own)
     assert [s.forward for s in model.model_stage_costs(2, 4)] == [1, 2, 3, 4]
-    with pytest.raises(CostError, match="model_stages for 4 model stages but the schedule has 2"):
-        model.model_stage_costs(2, 2)  # silently using `stages` would predict another model
+    # the same model calibrated for 4 stages, predicted for 2 (v = 1 instead of 2): pairs merge exactly
+    coarse = model.model_stage_costs(2, 2)
+    assert [s.forward for s in coarse] == [3, 7] and [s.op_time("BW") for s in coarse] == [4, 4]
+    assert [s.activation_bytes for s in coarse] == [20, 40]  # what crosses the merged stage's last boundary
+    assert [s.activation_memory for s in coarse] == [200, 200] and coarse[0].param_bytes == 14
+    # and for 8 (v = 4): each cut in two equal halves
+    assert [s.forward for s in model.model_stage_costs(2, 8)] == [0.5, 0.5, 1, 1, 1.5, 1.5, 2, 2]
+    with pytest.raises(CostError, match="model_stages for 4 model stages but the schedule has 6"):
+        model.model_stage_costs(2, 6)  # silently using `stages` would predict another model
 
 
 @pytest.mark.parametrize("doc,message", [
