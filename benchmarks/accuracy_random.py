@@ -1,0 +1,280 @@
+"""Prediction accuracy on models nobody tuned for: configurations drawn from a seeded
+generator, every schedule predicted from ONE calibration and then run.
+
+For each drawn model (MLP or transformer example, hidden 96-1536, microbatch size,
+depth, sequence length) and each p, one launch of the ranks:
+
+1. calibrates once (`executor.calibrate`: solo profiles, ping-pong) on the v = 1 split;
+2. runs every schedule on the same model (v = 2 schedules get half the layers per
+   model stage, so every schedule runs the same network) at one m drawn from p..8p.
+
+Then, offline, every run is predicted twice: from the solo calibration, and from costs
+read from the runs of the calibration schedules 1F1B and ZB-H1 (`simulator.run_costs`:
+op times under the run's own concurrency). Printed per case: measured makespan, both
+predictions' errors and the replay error (the run simulated with its own op and transfer
+times: `simulator.replay`); per p: median and max |error| for each estimator, over all
+cases and over the schedules not used for calibrating; per model: whether the predicted
+fastest schedule measured within 2 % of the measured fastest.
+
+    python benchmarks/accuracy_random.py --seed 1 --models 8 [--ranks 2,4] [--save-runs RUNS.json.gz]
+    python benchmarks/accuracy_random.py --from-runs RUNS.json.gz     # re-predict saved runs, run nothing
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipesched.schedules.ir import ScheduleError  # noqa: E402
+from pipesched.schedules.registry import build  # noqa: E402
+from pipesched.simulator.compare import compare  # noqa: E402
+from pipesched.simulator.costs import CostModel, from_dict as costs_from_dict, to_dict  # noqa: E402
+from pipesched.simulator.metrics import compute_metrics  # noqa: E402
+from pipesched.simulator.replay import replay  # noqa: E402
+from pipesched.simulator.run_costs import costs_from_runs  # noqa: E402
+from pipesched.simulator.trace import Trace  # noqa: E402
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")
+CALIBRATION_RUNS = ("1f1b", "zb-h1")  # the runs `run` costs are read from
+RANKING_TOLERANCE = 0.02
+LOOKAHEAD = 2
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One drawn model: `depth` blocks per rank (v = 1: one model stage of `depth`
+    blocks; v = 2: two of depth / 2), and the microbatches m per p."""
+
+    kind: str
+    hidden: int
+    depth: int
+    microbatch_size: int
+    seq: int
+    m_per_p: dict
+
+    def model(self, v: int):
+        from pipesched.executor.models import ExampleModel
+        return ExampleModel(self.kind, hidden=self.hidden, layers_per_stage=self.depth // v,
+                            microbatch_size=self.microbatch_size, seq=self.seq)
+
+    def forward_flops(self) -> float:
+        """Floating-point operations of one forward of one rank's share (v = 1)."""
+        h = self.hidden
+        if self.kind == "mlp":
+            return 16.0 * self.microbatch_size * h * h * self.depth
+        return self.microbatch_size * self.seq * (24.0 * h * h + 4.0 * self.seq * h) * self.depth
+
+
+def estimated_forward(draw: Draw) -> float:
+    """Seconds, roughly, on one core of this kind of machine (a fixed cost plus 30 GFLOP/s)."""
+    return 2.5e-4 + draw.forward_flops() / 30e9
+
+
+def draw_models(seed: int, count: int, ranks: list[int]) -> list[Draw]:
+    """`count` models from `seed`, each with forward ops of about 0.3-10 ms per rank."""
+    rng = np.random.default_rng(seed)
+    models: list[Draw] = []
+    while len(models) < count:
+        kind = str(rng.choice(["mlp", "transformer"]))
+        hidden = int(round(np.exp(rng.uniform(np.log(96), np.log(1536))) / 32) * 32)
+        depth = int(rng.choice([2, 4, 6]))
+        mbs = int(rng.choice([4, 8, 16, 32, 64] if kind == "mlp" else [1, 2, 4, 8]))
+        seq = int(rng.choice([32, 64, 128])) if kind == "transformer" else 32
+        m_per_p = {p: int(p * rng.choice([1, 2, 3, 4, 6, 8])) for p in ranks}
+        draw = Draw(kind, hidden, depth, mbs, seq, m_per_p)
+        if 3e-4 <= estimated_forward(draw) <= 1e-2:
+            models.append(draw)
+    return models
+
+
+def measure_model(ctx, p: int, draw: Draw, calibration, options):
+    """One launch: calibrate once (v = 1), then run every schedule that builds at this m.
+    Rank 0 returns (costs, {name: RunResult}, {name: why skipped})."""
+    from pipesched.executor.calibrate import calibrate_here
+    from pipesched.executor.job import run_schedule
+
+    m = draw.m_per_p[p]
+    costs = calibrate_here(ctx, build("1f1b", p, m), draw.model(1), calibration)
+    results, skipped = {}, {}
+    for name in SCHEDULES:
+        try:
+            schedule = build(name, p, m)
+        except ScheduleError as exc:
+            skipped[name] = str(exc)
+            continue
+        results[name] = run_schedule(ctx, schedule, draw.model(schedule.num_model_stages // p), options)
+    return (costs, results, skipped) if ctx.rank == 0 else None
+
+
+def predict(schedule, costs: CostModel) -> Trace:
+    from pipesched.schedules.validate import validate
+    from pipesched.simulator.api import simulate
+    from pipesched.simulator.costs import StageCost  # noqa: F401  (type of the fields replaced)
+
+    def strip(stages):
+        return None if stages is None else tuple(replace(s, param_bytes=0.0) for s in stages)
+
+    costs = replace(costs, stages=strip(costs.stages), model_stages=strip(costs.model_stages),
+                    recv_lookahead=LOOKAHEAD)
+    return simulate(validate(schedule), costs)
+
+
+def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, Trace]) -> list[dict]:
+    """Every schedule's errors under both estimators, and its replay error."""
+    m = draw.m_per_p[p]
+    schedules = {name: build(name, p, m) for name in traces}
+    runs = [(schedules[n], traces[n]) for n in CALIBRATION_RUNS if n in traces]
+    from_runs = costs_from_runs(solo, runs) if len(runs) == len(CALIBRATION_RUNS) else None
+    rows = []
+    for name, trace in traces.items():
+        schedule = schedules[name]
+        measured = compute_metrics(trace).makespan
+        row = {"model": index, "p": p, "m": m, "schedule": name, "measured": measured,
+               "in_calibration": name in CALIBRATION_RUNS,
+               "makespan_spread": _spread(trace.meta.get("makespans") or [measured])}
+        for label, costs in (("solo", solo), ("run", from_runs)):
+            if costs is None:
+                row[label] = row[f"{label}_error"] = float("nan")
+                continue
+            predicted = compute_metrics(predict(schedule, costs)).makespan
+            row[label], row[f"{label}_error"] = predicted, (predicted - measured) / measured
+        replayed = replay(schedule, trace, replace(solo, recv_lookahead=LOOKAHEAD))
+        row["replay_error"] = compare(replayed, trace).makespan_rel_error
+        rows.append(row)
+    return rows
+
+
+def _spread(values: list[float]) -> float:
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def ranking_hits(rows: list[dict], label: str) -> list[bool]:
+    """Per (model, p): does the schedule predicted fastest measure within the tolerance
+    of the measured fastest?"""
+    hits = []
+    for key in sorted({(r["model"], r["p"]) for r in rows}):
+        group = [r for r in rows if (r["model"], r["p"]) == key and np.isfinite(r[label])]
+        if len(group) < 2:
+            continue
+        best = min(r["measured"] for r in group)
+        chosen = min(group, key=lambda r: r[label])
+        hits.append(chosen["measured"] <= best * (1 + RANKING_TOLERANCE))
+    return hits
+
+
+def stats(values: list[float]) -> str:
+    a = [abs(v) for v in values if np.isfinite(v)]
+    return f"median {100 * statistics.median(a):5.2f} %, max {100 * max(a):6.2f} %" if a else "no cases"
+
+
+def report(rows: list[dict]) -> None:
+    print()
+    for p in sorted({r["p"] for r in rows}):
+        here = [r for r in rows if r["p"] == p]
+        out = [r for r in here if not r["in_calibration"]]
+        print(f"p={p} ({len(here)} runs of {len({r['model'] for r in here})} models):")
+        for label, what in (("solo", "solo calibration"), ("run", "costs from the 1F1B and ZB-H1 runs")):
+            hits = ranking_hits(here, label)
+            print(f"  {what:<36} all {stats([r[f'{label}_error'] for r in here])}; "
+                  f"other schedules {stats([r[f'{label}_error'] for r in out])}; "
+                  f"fastest right {sum(hits)}/{len(hits)}")
+        print(f"  {'replay':<36} all {stats([r['replay_error'] for r in here])}")
+        print(f"  {'measured step-to-step spread':<36} median {100 * statistics.median(r['makespan_spread'] for r in here):.2f} %")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--models", type=int, default=8, help="how many models to draw")
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=15, help="calibration repetitions")
+    ap.add_argument("--save-runs", metavar="RUNS.json.gz", help="write every case's calibration and trace")
+    ap.add_argument("--from-runs", metavar="RUNS.json.gz", help="run nothing: evaluate saved runs again")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    rows: list[dict] = []
+    if args.from_runs:
+        doc = json.loads(gzip.decompress(Path(args.from_runs).read_bytes()))
+        print(doc["machine"])
+        print(f"seed {doc['seed']}, {len(doc['cases'])} launches")
+        for case in doc["cases"]:
+            draw = Draw(**{**case["draw"], "m_per_p": {int(k): v for k, v in case["draw"]["m_per_p"].items()}})
+            rows += evaluate(case["model"], case["p"], draw, costs_from_dict(case["costs"]),
+                             {n: Trace.from_dict(t) for n, t in case["traces"].items()})
+        _print_rows(rows)
+        report(rows)
+        return 0
+
+    import torch
+
+    from pipesched.executor.calibrate import CalibrationOptions
+    from pipesched.executor.job import RunOptions
+    from pipesched.executor.launch import launch_local
+
+    ranks = [int(x) for x in args.ranks.split(",")]
+    machine = (f"machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_name()}), torch {torch.__version__}, "
+               f"gloo on CPU, load average at start {os.getloadavg()[0]:.2f}")
+    print(machine)
+    draws = draw_models(args.seed, args.models, ranks)
+    for i, d in enumerate(draws):
+        print(f"model {i}: {d.kind} hidden {d.hidden}, {d.depth} blocks per rank, microbatch {d.microbatch_size}"
+              + (f", seq {d.seq}" if d.kind == "transformer" else "") + f", m {d.m_per_p}", flush=True)
+    calibration = CalibrationOptions(repeats=args.repeats, timeout=600)
+    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=600, check=False, lookahead=LOOKAHEAD)
+    saved = []
+    for p in ranks:
+        for i, draw in enumerate(draws):
+            t0 = time.perf_counter()
+            costs, results, skipped = launch_local(measure_model, (p, draw, calibration, options), p, timeout=600)
+            traces = {n: r.trace for n, r in results.items()}
+            new = evaluate(i, p, draw, costs, traces)
+            _print_rows(new, header=not rows)
+            print(f"  (model {i}, p={p}: {time.perf_counter() - t0:.0f} s; skipped {', '.join(skipped) or 'none'})",
+                  flush=True)
+            rows += new
+            saved.append({"model": i, "p": p, "draw": asdict(draw), "costs": to_dict(costs),
+                          "traces": {n: t.to_dict() for n, t in traces.items()}})
+            if args.save_runs:  # after every launch, so a run cut short keeps what it measured
+                text = json.dumps({"machine": machine, "seed": args.seed, "cases": saved})
+                Path(args.save_runs).write_bytes(gzip.compress(text.encode()))
+    report(rows)
+    print(f"took {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _print_rows(rows: list[dict], header: bool = True) -> None:
+    if header:
+        print(f"{'model':>5} {'p':>2} {'m':>3} {'schedule':<17} {'measured':>10} {'solo':>8} {'run':>8} "
+              f"{'replay':>8} {'spread':>7}")
+    for r in rows:
+        mark = "*" if r["in_calibration"] else " "
+        print(f"{r['model']:>5} {r['p']:>2} {r['m']:>3} {r['schedule'] + mark:<17} {1e3 * r['measured']:>8.1f}ms "
+              f"{100 * r['solo_error']:>+7.2f}% {100 * r['run_error']:>+7.2f}% {100 * r['replay_error']:>+7.2f}% "
+              f"{100 * r['makespan_spread']:>6.2f}%", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Op times read from pipeline runs: each op's cost under the run's own concurrency.
+
+Solo profiling times each op with the other ranks idle. In a pipeline most ops run while
+other ranks compute, and where ranks share a host (cores, memory bandwidth, caches) they
+take longer, by an amount that depends on the machine and the model and that one factor
+measured in lockstep catches poorly. A short run of a pipeline schedule measures it
+directly: the median duration of each op kind on each model stage, over the runs' spans,
+becomes the cost model's op time, and the simulation no longer slows compute for shared
+cores (the durations already are slowed).
+
+An op kind no run executed is scaled from the solo profile: T_BW from T_B + T_W in the
+ratio the profile measured, T_B and T_W from T_BW likewise. Links, host time outside
+ops and memory stay as calibrated.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+
+from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
+
+from .costs import CostError, CostModel, StageCost
+from .trace import COMPUTE, Trace
+
+
+def op_time_samples(schedule: Schedule, trace: Trace) -> dict[tuple[str, int], np.ndarray]:
+    """(op, model stage) -> the measured durations (seconds) of those ops in `trace`."""
+    comp = np.flatnonzero(trace.lane == COMPUTE)
+    model = np.asarray([s.model_stage for s in schedule.stages], dtype=np.int64)
+    if len(comp) and int(trace.stage[comp].max()) >= len(model):
+        raise CostError(f"the run of {trace.schedule!r} has stages its schedule {schedule.name!r} lacks")
+    ms, op = model[trace.stage[comp]], trace.op[comp]
+    took = trace.end[comp] - trace.start[comp]
+    return {(OPS[o], int(k)): took[(op == o) & (ms == k)] for o, k in {(int(a), int(b)) for a, b in zip(op, ms)}}
+
+
+def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:
+    """`base` (a calibration with `model_stages`) with each model stage's op times the
+    median of what `runs` measured (see the module docstring). Every run must split the
+    model into as many model stages as `base`. The spread of the samples, the largest
+    interquartile range over median of any op kind and stage, is kept in
+    `meta["from_runs"]["spread"]`."""
+    if base.model_stages is None:
+        raise CostError("costs from runs need a calibration with model_stages")
+    stages = len(base.model_stages)
+    samples: dict[tuple[str, int], list[np.ndarray]] = {}
+    for schedule, trace in runs:
+        if schedule.num_model_stages != stages:
+            raise CostError(f"the run of {schedule.name!r} has {schedule.num_model_stages} model stages, "
+                            f"the calibration {stages}")
+        for key, values in op_time_samples(schedule, trace).items():
+            samples.setdefault(key, []).append(values)
+    pooled = {key: np.concatenate(parts) for key, parts in samples.items()}
+    median = {key: float(np.median(v)) for key, v in pooled.items() if len(v)}
+    spread = max((float(np.subtract(*np.percentile(v, [75, 25]))) / median[key]
+                  for key, v in pooled.items() if len(v) and median[key] > 0), default=0.0)
+    new = tuple(_measured_stage(solo, {op: median.get((op, k)) for op in OPS}, k)
+                for k, solo in enumerate(base.model_stages))
+    meta = {**base.meta, "from_runs": {"schedules": [s.name for s, _ in runs], "spread": spread,
+                                       "samples": int(sum(len(v) for v in pooled.values()))}}
+    return replace(base, stages=new[:1], model_stages=new, host=None, meta=meta).check()
+
+
+def _measured_stage(solo: StageCost, measured: dict[str, float | None], k: int) -> StageCost:
+    """`solo` with the op times `measured` gives; the others scaled from the solo ratios."""
+    if measured[F] is None:
+        raise CostError(f"no run measured a forward of model stage {k}")
+    b, w, bw = measured[B], measured[W], measured[BW]
+    split = solo.backward_input + solo.backward_weight
+    if b is None or w is None:
+        if bw is None:
+            raise CostError(f"no run measured a backward of model stage {k}")
+        share = solo.backward_input / split if split > 0 else 0.5
+        b, w = bw * share, bw * (1 - share)
+    if bw is None:
+        bw = (b + w) * (solo.op_time(BW) / split if split > 0 else 1.0)
+    return replace(solo, forward=measured[F], backward_input=b, backward_weight=w, backward_full=bw)
