@@ -34,6 +34,7 @@ from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import validate
 from pipesched.simulator.costs import CostModel, HostOverhead, HostSharing, Link, Network, StageCost
 
+from . import progress
 from .comm import link_groups
 from .launch import RankContext, host_cores, launch_local, run_here, under_torchrun
 from .links import PostingCosts, fit_link, pingpong, posting_costs
@@ -101,6 +102,8 @@ def side_by_side_groups(world: int, cores: int, threads: int) -> list[list[int]]
 def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
                    options: CalibrationOptions = CalibrationOptions()) -> CostModel | None:
     """Collective: every rank calls it; rank 0 returns the cost model (None elsewhere)."""
+    progress.say(ctx.rank, f"calibrating: each rank profiles its model stages alone ({options.repeats} repeats), "
+                           "then side by side, then the links")
     built = model.build(schedule.num_model_stages, schedule.microbatches) if isinstance(model, ExampleModel) else model
     specs = check_model(built, schedule.num_model_stages, schedule.microbatches)
     own = sorted({schedule.stages[s].model_stage for s in schedule.stages_of_rank(ctx.rank)})

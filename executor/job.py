@@ -20,6 +20,7 @@ from pipesched.simulator.metrics import Metrics, compute_metrics
 from pipesched.simulator.trace import COMPUTE, RECV, SEND, Span, Trace
 
 from . import reference, replicas
+from . import progress
 from .clock import clock_offset
 from .launch import RankContext, check_backend, check_launchable, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
@@ -111,9 +112,13 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
     runtime = RankRuntime(graph, ctx.rank, built, specs, ctx.backend, ctx.device, options.timeout, options.lookahead)
     try:
         records: list[RankStep] = []
-        for _ in range(options.warmup + options.steps):
+        total = options.warmup + options.steps
+        progress.say(ctx.rank, f"running {schedule.name}: {options.warmup} warm-up and {options.steps} measured steps")
+        for i in range(total):
             dist.barrier()
             records.append(runtime.step())
+            progress.say(ctx.rank, f"{schedule.name}: step {i + 1}/{total} took "
+                                   f"{records[-1].end - records[-1].start:.3g} s", step=True)
         records = records[options.warmup:]
     finally:
         runtime.close()

@@ -17,6 +17,7 @@ the prediction's error is cost estimation.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 
 from pipesched.schedules.ir import Schedule
@@ -32,6 +33,11 @@ from .calibrate import CalibrationOptions, calibrate_here, oversubscribed
 from .job import RunOptions, RunResult, run_schedule
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
+
+
+SHORT_OPS = 5.0           # warn when an op is shorter than this many times the host time per op
+NOISY_STEPS = 0.05        # ... when measured steps spread more than this fraction of their median
+NOISY_CALIBRATION = 0.10  # ... when interference samples differ by more than this
 
 
 @dataclass
@@ -50,6 +56,32 @@ class Validation:
         """Whether the ranks asked for more processors than the host has (the simulation
         shares them; timings on dedicated hardware will differ)."""
         return oversubscribed(self.costs.host, self.measured.ranks)
+
+    def warnings(self) -> list[str]:
+        """Why this comparison may not carry over: ops too short next to the runtime's own
+        time per op, steps that differ much from each other, calibration samples that
+        disagree."""
+        out = []
+        costs, o = self.costs, self.costs.host_overhead
+        per_op = o.per_op + o.per_send + o.per_recv + o.per_take
+        stages = costs.model_stages or costs.stages
+        shortest = min(min(s.forward, s.op_time("BW")) for s in stages)
+        if per_op > 0 and shortest < SHORT_OPS * per_op:
+            out.append(f"the shortest op takes {shortest * 1e3:.3g} ms, within {shortest / per_op:.1f}x the runtime's own "
+                       f"time per op ({per_op * 1e3:.3g} ms outside ops): predictions of such short ops are less "
+                       "reliable; a larger model (--hidden, --microbatch-size) predicts better")
+        spans = self.measured.meta.get("makespans") or []
+        if len(spans) > 1:
+            spread = (max(spans) - min(spans)) / statistics.median(spans)
+            if spread > NOISY_STEPS:
+                out.append(f"the measured steps differ by {100 * spread:.1f} % of their median: the machine is noisy "
+                           "(other processes?); errors smaller than that are within the noise")
+        samples = (costs.meta.get("calibrated") or {}).get("interference_samples") or []
+        if len(samples) > 1 and max(samples) - min(samples) > NOISY_CALIBRATION:
+            out.append(f"calibration measured the slowdown of busy cores as {100 * min(samples):.0f} % to "
+                       f"{100 * max(samples):.0f} % in repeated samples: the machine is noisy, predictions may be off "
+                       "by that much")
+        return out
 
     def summary(self) -> dict:
         """The `pipesched validate --json` document."""
@@ -96,6 +128,7 @@ class Validation:
             "step_times": self.run.step_times, "measured_makespans": self.measured.meta.get("makespans"),
             "max_grad_rel_error": None if self.run.check is None else self.run.check.max_grad_rel_error,
             "loss_matches_reference": None if self.run.check is None else self.run.check.loss_matches,
+            "warnings": self.warnings(),
         }
 
 

@@ -25,10 +25,14 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
                    help="mlp or transformer (example blocks), hf-llama or hf-gpt2 (tiny transformers language "
                         "models, random weights; needs pipesched[hf]), or package.module:function returning a "
                         "PipelineModel for (num_stages, microbatches) (default mlp; see docs/models.md)")
-    g.add_argument("--hidden", type=int, default=128, help="hidden size (default 128)")
+    g.add_argument("--hidden", type=int,
+                   help=f"hidden size (default {DEFAULT_HIDDEN['mlp']} for mlp, whose ops then take a few ms on a CPU "
+                        f"core, long enough to predict well; {DEFAULT_HIDDEN['other']} for the others)")
     g.add_argument("--vocab", type=int, default=2048, help="vocabulary size, hf-* only (default 2048)")
     g.add_argument("--layers-per-stage", type=int, default=2, help="blocks per model stage (default 2)")
-    g.add_argument("--microbatch-size", type=int, default=8, help="samples per microbatch (default 8)")
+    g.add_argument("--microbatch-size", type=int,
+                   help=f"samples per microbatch (default {DEFAULT_MICROBATCH['mlp']} for mlp, "
+                        f"{DEFAULT_MICROBATCH['other']} for the others)")
     g.add_argument("--seq", type=int, help="sequence length, transformer and hf-* only (default 32)")
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
@@ -57,14 +61,21 @@ def run_options(args: argparse.Namespace):
 
 
 def import_executor(command: str) -> None:
-    """UsageError unless torch (and so the executor) can be imported."""
+    """UsageError unless torch (and so the executor) can be imported. Long commands
+    report progress on stderr from here on (`executor.progress`)."""
     try:
         import pipesched.executor.job  # noqa: F401
+        from pipesched.executor import progress
     except ImportError as exc:
         raise UsageError(f"pipesched {command} needs torch (pip install 'pipesched[torch]'): {exc}") from None
+    os.environ[progress.ENV] = "1"
 
 
 EXAMPLES = ("mlp", "transformer")
+# the default MLP's ops take ~4 ms on one core of the project's 2-core machine: ops much
+# shorter are within a few times the runtime's own time per op (docs/accuracy.md)
+DEFAULT_HIDDEN = {"mlp": 512, "other": 128}
+DEFAULT_MICROBATCH = {"mlp": 32, "other": 8}
 
 
 def model_from_args(args: argparse.Namespace, schedule: Schedule):
@@ -81,6 +92,11 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
         raise UsageError(f"--seq is the sequence length of the transformer and hf-* models; --model {args.model} "
                          "has none")
     seq = 32 if args.seq is None else args.seq
+    kind = "mlp" if args.model == "mlp" else "other"
+    if args.hidden is None:
+        args.hidden = DEFAULT_HIDDEN[kind]
+    if args.microbatch_size is None:
+        args.microbatch_size = DEFAULT_MICROBATCH[kind]
     if is_spec(args.model):
         return build_user_model(args.model, schedule.num_model_stages, schedule.microbatches)
     if args.model in EXAMPLES:

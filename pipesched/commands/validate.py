@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     plot_compare(result.predicted, result.measured, out / "validate.png")
     summary = result.summary()
     summary["files"] = [str(out / name) for name in files]
+    for warning in summary["warnings"]:
+        print(f"pipesched: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=1))
         wrote(out, ", ".join(files), to_stderr=True)
