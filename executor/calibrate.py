@@ -51,11 +51,19 @@ class CalibrationOptions:
     warmup: int = 3              # unmeasured repetitions first
     sizes: tuple[int, ...] = PINGPONG_SIZES
     timeout: float = 300.0       # seconds, every wait
+    from_runs: bool = False      # op times from short pipeline runs (executor.run_calibration)
 
     def check(self) -> "CalibrationOptions":
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"calibration needs repeats >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
         return self
+
+    def job(self):
+        """The collective that calibrates as these options say."""
+        if self.from_runs:
+            from .run_calibration import calibrate_with_runs
+            return calibrate_with_runs
+        return calibrate_here
 
 
 @dataclass
@@ -296,5 +304,5 @@ def calibrate(schedule: Schedule, model: PipelineModel | ExampleModel,
     rank 0 (and locally), None on other torchrun ranks."""
     options.check()
     if under_torchrun():
-        return run_here(calibrate_here, (schedule, model, options), backend, options.timeout)
-    return launch_local(calibrate_here, (schedule, model, options), schedule.ranks, backend, options.timeout)
+        return run_here(options.job(), (schedule, model, options), backend, options.timeout)
+    return launch_local(options.job(), (schedule, model, options), schedule.ranks, backend, options.timeout)

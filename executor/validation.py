@@ -29,7 +29,7 @@ from pipesched.simulator.memory import resident_bytes
 from pipesched.simulator.replay import replay
 from pipesched.simulator.trace import Trace
 
-from .calibrate import CalibrationOptions, calibrate_here, oversubscribed
+from .calibrate import CalibrationOptions, oversubscribed
 from .job import RunOptions, RunResult, run_schedule
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
@@ -150,7 +150,7 @@ def predict(schedule: Schedule, costs: CostModel) -> Trace:
 def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
                       calibration: CalibrationOptions, options: RunOptions):
     """Collective: calibrate, then run; rank 0 returns (costs, RunResult)."""
-    costs = calibrate_here(ctx, schedule, model, calibration)
+    costs = calibration.job()(ctx, schedule, model, calibration)
     result = run_schedule(ctx, schedule, model, options)
     return None if ctx.rank != 0 else (costs, result)
 

@@ -17,6 +17,10 @@ def print_costs(costs: CostModel) -> None:
               f"{fmt_seconds(s.backward_weight):>9}  {fmt_seconds(s.op_time('BW')):>9}  "
               f"{fmt_bytes(s.activation_bytes):>10}  {fmt_bytes(s.activation_memory):>11}  "
               f"{fmt_bytes(s.weight_memory):>10}  {fmt_bytes(s.param_bytes):>10}")
+    runs = costs.meta.get("from_runs") if isinstance(costs.meta, dict) else None
+    if runs:
+        print(f"op times: medians of {runs['samples']} ops measured in runs of {', '.join(runs['schedules'])} "
+              f"(interquartile range up to {100 * runs['spread']:.0f} % of the median); compute sharing is in them")
     net = costs.network
     for name, link in (("link", net.intra), ("inter-node link", net.inter)):
         if link is not None:

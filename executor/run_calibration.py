@@ -1,0 +1,60 @@
+"""Calibration from runs: solo profiles, then op times read from short pipeline runs.
+
+`calibrate_here` profiles each op with the other ranks idle. Here the ranks then run a
+few steps of two built-in schedules on the same split of the same model, one with fused
+backwards (BW) and one with split ones (B, W), and `simulator.run_costs` replaces the
+profiled op times with the medians those runs measured: op times under the concurrency
+of a real pipeline. Links, host time and memory stay as profiled.
+
+    split (model stages per rank)   runs
+    1                               1F1B, ZB-H1
+    2                               interleaved 1F1B, ZB-V
+
+Other splits, or an m the runs cannot be built for, keep the solo profile (the cost
+model's meta says which).
+"""
+from __future__ import annotations
+
+from pipesched.schedules.ir import Schedule, ScheduleError
+from pipesched.schedules.registry import build
+from pipesched.simulator.costs import CostModel
+from pipesched.simulator.run_costs import costs_from_runs
+
+from . import progress
+from .calibrate import CalibrationOptions, calibrate_here
+from .job import RunOptions, run_schedule
+from .launch import RankContext
+from .models import ExampleModel, PipelineModel
+
+RUNS_BY_SPLIT = {1: ("1f1b", "zb-h1"), 2: ("interleaved-1f1b", "zb-v")}
+RUN_STEPS, RUN_WARMUP = 3, 1
+
+
+def calibration_runs(schedule: Schedule) -> list[Schedule]:
+    """The schedules whose runs calibrate `schedule`'s op times (see the table)."""
+    p, m = schedule.ranks, schedule.microbatches
+    split, rest = divmod(schedule.num_model_stages, p)
+    runs = []
+    for name in RUNS_BY_SPLIT.get(split, ()) if rest == 0 else ():
+        try:
+            runs.append(build(name, p, m))
+        except ScheduleError:  # e.g. an m the schedule does not take
+            pass
+    return runs
+
+
+def calibrate_with_runs(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
+                        options: CalibrationOptions = CalibrationOptions()) -> CostModel | None:
+    """Collective: `calibrate_here`, then the calibration runs; rank 0 returns the cost
+    model with op times from the runs (None elsewhere)."""
+    base = calibrate_here(ctx, schedule, model, options)
+    traces = []
+    for run in calibration_runs(schedule):
+        progress.say(ctx.rank, f"calibrating: op times from {RUN_STEPS} steps of {run.name}")
+        result = run_schedule(ctx, run, model, RunOptions(steps=RUN_STEPS, warmup=RUN_WARMUP, timeout=options.timeout,
+                                                          check=False))
+        if ctx.rank == 0:
+            traces.append((run, result.trace))
+    if ctx.rank != 0:
+        return None
+    return costs_from_runs(base, traces) if traces else base
