@@ -1,0 +1,114 @@
+"""The step's tail under data parallelism: gradient all-reduces, then the optimizer step.
+
+With d replicas of the pipeline (p x d ranks) every replica runs the same timeline, so
+one replica is simulated and the tail is computed from its Trace, once, whichever engine
+made it. Per rank and per virtual stage it holds (each virtual stage keeps its own
+weights, so it is one all-reduce group's payload):
+
+- the stage's weight gradients (`StageCost.synced_bytes`) are all-reduced across the d
+  replicas as soon as the stage's last W or BW on the rank ends, in buckets
+  (`DataParallel.buckets`), each bucket one ring all-reduce of
+  2(d-1) * latency + 2(d-1)/d * bytes / bandwidth seconds (`DataParallel.allreduce_time`);
+- a rank runs one all-reduce at a time on its DP link (which no pipeline transfer uses),
+  stages in the order they became ready (ties: lower stage first);
+- then each stage's optimizer step (`StageCost.optimizer_time` seconds) runs on the
+  rank's compute lane, after the rank's last pipeline op and the stage's last bucket,
+  in the order the stages' all-reduces finished.
+
+Host time outside ops, shared compute and noise do not apply to the tail: it is added
+after the pipeline's timeline as these rules say. `exposed_allreduce` says how much
+longer the step is than if every all-reduce took no time.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from pipesched.schedules.ir import BW, OPS, W, Schedule
+
+from .costs import DataParallel, StageCost
+from .trace import ALLREDUCE, COMPUTE, OPTIMIZER, SPAN_OPS, Trace
+
+
+def has_tail(stage_costs: Sequence[StageCost], dp: DataParallel) -> bool:
+    """Whether the step has a tail: replicas to all-reduce with or an optimizer that takes time.
+    Without one the trace is the pipeline's alone (degree 1 changes nothing)."""
+    return dp.degree > 1 or any(c.optimizer_time > 0 for c in stage_costs)
+
+
+def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageCost], dp: DataParallel) -> Trace:
+    """`trace` (one replica's pipeline) with the all-reduce and optimizer spans of the
+    step's tail appended, and meta["data_parallel"] describing it. stage_costs: per
+    model stage (seconds, bytes)."""
+    rows: list[tuple] = []  # rank, lane, op, mb, stage, start, end
+    weight_ops = np.isin(trace.op, (OPS.index(W), OPS.index(BW))) & (trace.lane == COMPUTE)
+    for r in range(schedule.ranks):
+        on_rank = (trace.rank == r) & (trace.lane == COMPUTE)
+        if not on_rank.any():
+            continue
+        pipeline_end = float(trace.end[on_rank].max())
+        ready = []  # (time its gradients are final, stage, op index of its last W/BW)
+        for v in np.unique(trace.stage[on_rank & weight_ops]).tolist():
+            mine = np.flatnonzero(on_rank & weight_ops & (trace.stage == v))
+            last = mine[np.argmax(trace.end[mine])]
+            ready.append((float(trace.end[last]), v, int(trace.op[last])))
+        ready.sort()
+        link_free = 0.0
+        synced = []  # (time its all-reduces finish, stage)
+        for t, v, op in ready:
+            cost = stage_costs[schedule.stages[v].model_stage]
+            done = t
+            for k, nbytes in enumerate(dp.buckets(cost.synced_bytes) if dp.degree > 1 else []):
+                start = max(done, link_free)
+                done = link_free = start + dp.allreduce_time(nbytes)
+                rows.append((r, ALLREDUCE, op, k, v, start, done))
+            synced.append((done, v))
+        free = pipeline_end
+        for done, v in sorted(synced):
+            start = max(free, done)
+            free = start + stage_costs[schedule.stages[v].model_stage].optimizer_time
+            rows.append((r, COMPUTE, SPAN_OPS.index(OPTIMIZER), 0, v, start, free))
+    out = _appended(trace, rows)
+    out.meta["data_parallel"] = {
+        "degree": dp.degree, "latency": dp.latency,
+        "bandwidth": None if np.isinf(dp.bandwidth) else dp.bandwidth, "bucket_bytes": dp.bucket_bytes,
+        "exposed_allreduce": exposed_allreduce(out)}
+    return out
+
+
+def _appended(trace: Trace, rows: list[tuple]) -> Trace:
+    cols = list(zip(*rows)) if rows else [[]] * 7
+
+    def cat(old: np.ndarray, new, dtype) -> np.ndarray:
+        return np.concatenate((old, np.asarray(new, dtype=dtype)))
+
+    n = len(rows)
+    return Trace(trace.schedule, trace.ranks, trace.microbatches, trace.source,
+                 rank=cat(trace.rank, cols[0], np.int32), lane=cat(trace.lane, cols[1], np.int8),
+                 op=cat(trace.op, cols[2], np.int8), mb=cat(trace.mb, cols[3], np.int32),
+                 stage=cat(trace.stage, cols[4], np.int32), start=cat(trace.start, cols[5], np.float64),
+                 end=cat(trace.end, cols[6], np.float64), peer=cat(trace.peer, [-1] * n, np.int32),
+                 overlapped=cat(trace.overlapped, [False] * n, bool), memory=trace.memory, meta=dict(trace.meta))
+
+
+def exposed_allreduce(trace: Trace) -> float:
+    """Seconds the step (first op's start to the end of the last op, optimizer step or
+    all-reduce) lasts beyond what it would if every all-reduce took no time: then each
+    rank would end at its last pipeline op's end plus its optimizer steps. Works on
+    measured traces too; 0 without all-reduce spans."""
+    ar = trace.lane == ALLREDUCE
+    if not ar.any():
+        return 0.0
+    comp = trace.lane == COMPUTE
+    opt = comp & (trace.op == SPAN_OPS.index(OPTIMIZER))
+    pipe = comp & ~opt
+    step_end = max(float(trace.end[comp].max(initial=-np.inf)), float(trace.end[ar].max()))
+    free_end = -np.inf
+    for r in range(trace.ranks):
+        mine = pipe & (trace.rank == r)
+        if mine.any():
+            optimizer = opt & (trace.rank == r)
+            free_end = max(free_end, float(trace.end[mine].max())
+                           + float((trace.end[optimizer] - trace.start[optimizer]).sum()))
+    return max(0.0, step_end - free_end) if np.isfinite(free_end) else 0.0
