@@ -243,7 +243,10 @@ def _span(row: Any, i: int, ranks: int, microbatches: int, spans: int) -> Span:
         raise TraceError(f"{where} has op {op!r}; ops are {', '.join(SPAN_OPS)}")
     if op == OPTIMIZER and lane != "compute":
         raise TraceError(f"{where} is an optimizer step (OPT) on lane {lane!r}; it runs on the compute lane")
-    if not _is_int(mb) or not 0 <= mb < microbatches:
+    if lane == "allreduce":  # mb is the bucket's number
+        if not _is_int(mb) or not 0 <= mb <= _INT32:
+            raise TraceError(f"{where} has bucket {mb!r}, need an integer >= 0")
+    elif not _is_int(mb) or not 0 <= mb < microbatches:
         raise TraceError(f"{where} has microbatch {mb!r}, outside 0..{microbatches - 1}")
     if not _is_int(stage) or not 0 <= stage < min(spans, _INT32):
         raise TraceError(f"{where} has stage {stage!r}, need an integer in 0..{min(spans, _INT32) - 1} "
