@@ -34,6 +34,7 @@ from .links import fit_link
 from .models import ExampleModel, PipelineModel, check_model
 from .profile import stage_for_profiling
 
+ROUNDS = 3  # alternating rounds of replica 0 alone and every replica computing
 ALLREDUCE_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes, besides each stage's gradients
 
 
@@ -68,10 +69,14 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
     group = dp_groups(p, replicas)[layout.pipeline_rank]
     iterations = 3 * options.repeats
 
-    # 1. ops with every replica computing, against replica 0 alone
-    alone = _free_running(ctx, list(range(p)), stages[own[0]], iterations)
-    together = _free_running(ctx, list(range(ctx.world)), stages[own[0]], iterations)
-    slowdown = together / alone if alone and together else 1.0
+    # 1. ops with every replica computing, against replica 0 alone: a warm-up round first
+    # (first calls allocate), then rounds in turn, the ratio of the medians (a busy host is noisy)
+    _free_running(ctx, list(range(ctx.world)), stages[own[0]], iterations)
+    alone, together = [], []
+    for _ in range(ROUNDS):
+        alone.append(_free_running(ctx, list(range(p)), stages[own[0]], iterations))
+        together.append(_free_running(ctx, list(range(ctx.world)), stages[own[0]], iterations))
+    slowdown = statistics.median(together) / statistics.median(alone) if layout.replica == 0 else 1.0
 
     # 2. the optimizer step of each own stage, every rank at once
     optimizer, grad_bytes = {}, {}
@@ -161,3 +166,18 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, bucket_by
                    model_stages=tuple(stages) if stages else costs.model_stages,
                    data_parallel=DataParallel(profile.degree, profile.latency, profile.bandwidth, bucket_bytes),
                    meta=meta).check()
+
+
+def calibrate_data_parallel(schedule: Schedule, model: PipelineModel | ExampleModel, replicas: int,
+                            options: CalibrationOptions = CalibrationOptions(), backend: str = "gloo",
+                            bucket_bytes: float | None = None) -> CostModel:
+    """Two local launches: the pipeline's calibration on p ranks (executor.calibrate),
+    then the data-parallel measurements on p x `replicas` ranks; the whole step's costs."""
+    from .calibrate import calibrate_here
+    from .launch import launch_local
+
+    options.check()
+    costs = launch_local(calibrate_here, (schedule, model, options), schedule.ranks, backend, options.timeout)
+    profile = launch_local(measure_here, (schedule, model, replicas, options), schedule.ranks * replicas, backend,
+                           options.timeout)
+    return with_data_parallel(costs, profile, bucket_bytes)
