@@ -164,10 +164,17 @@ def refused(capsys, argv, message):
     (["--dp", "2", "--dp-bucket", "1", "--weight-grad-bytes", "1TB"], "more than 1,000,000 buckets"),
     (["--dp", "100000000"], "degree must be an integer in 1..1,000,000"),
     (["--optimizer-time", "inf"], "--optimizer-time must be finite"),
-    (["--dp", "2", "--runs", "3"], "--runs does not model the step's tail"),
 ])
 def test_bad_data_parallel_flags_are_one_line(capsys, flags, message):
     refused(capsys, ["simulate", "1f1b", "-p", "2", "-m", "2", *flags], message)
+
+
+def test_noisy_runs_include_the_tail():
+    from pipesched.schedules.validate import validate
+    from pipesched.simulator.stochastic import sample_makespans
+    costs = CostModel(model_stages=stages(0.0, 1e9), data_parallel=DataParallel(2, bandwidth=2.5e8))
+    # no noise: every run is the hand-computed step of 11 s (see the 1F1B case above)
+    assert sample_makespans(validate(build("1f1b", 2, 2)), costs, 3, 0.0).tolist() == [11.0] * 3
 
 
 def test_simulate_reports_the_exposed_allreduce(capsys):
@@ -177,3 +184,21 @@ def test_simulate_reports_the_exposed_allreduce(capsys):
     out = json.loads(capsys.readouterr().out)
     # both stages 1e9 bytes, 4 s each: rank 1 7..11, rank 0 9..13
     assert out["makespan"] == 13.0 and out["allreduce_exposed"] == 4.0 and out["allreduce_time"] == 8.0
+
+
+def test_figures_and_perfetto_show_the_allreduce_lane():
+    pytest.importorskip("matplotlib")
+    from pipesched.plots.timeline import plot_timeline
+    from pipesched.simulator.perfetto import to_chrome_trace
+    costs = uniform(param_bytes=1e9, optimizer_time=0.25,
+                    data_parallel=DataParallel(2, bandwidth=1e9, bucket_bytes=4e8))
+    trace = simulate(build("zb-h1", 2, 4), costs)
+    fig = plot_timeline(trace)
+    found = {c.get_gid(): c for c in fig.axes[0].collections if c.get_gid()}
+    # 1e9 bytes per stage in buckets of 4e8: 3 all-reduces on each of 2 ranks; one OPT box per rank
+    assert len(found["allreduce"].get_paths()) == 6 and len(found["compute:OPT"].get_paths()) == 2
+    events = to_chrome_trace(trace)["traceEvents"]
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "thread_name"}
+    assert {(0, "DP all-reduce"), (1, "DP all-reduce")} <= threads
+    assert sum(e.get("cat") == "allreduce" for e in events) == 6
+    assert sum(e.get("cat") == "OPT" for e in events) == 2

@@ -109,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
     trace = simulate(graph, costs, engine=args.engine)
     metrics = compute_metrics(trace, graph)
     stats = None
-    if args.runs and "data_parallel" in trace.meta:
-        raise UsageError("--runs does not model the step's tail (--dp, --optimizer-time) yet; leave one out")
     if args.runs:
         if args.runs * len(graph.tasks) > MAX_RUN_OPS:
             raise UsageError(f"--runs {args.runs} x {len(graph.tasks):,} ops is more than the {MAX_RUN_OPS:,} op "
