@@ -202,3 +202,12 @@ def test_figures_and_perfetto_show_the_allreduce_lane():
     assert {(0, "DP all-reduce"), (1, "DP all-reduce")} <= threads
     assert sum(e.get("cat") == "allreduce" for e in events) == 6
     assert sum(e.get("cat") == "OPT" for e in events) == 2
+
+
+@pytest.mark.parametrize("command", ["run", "calibrate", "validate"])
+def test_executor_commands_refuse_bad_replicas_before_launching(capsys, tmp_path, command):
+    pytest.importorskip("torch")
+    extra = ["-o", str(tmp_path / "c.json")] if command == "calibrate" else []
+    refused(capsys, [command, "1f1b", "-p", "2", "-m", "2", "--dp", "0", *extra], "--dp must be an integer >= 1")
+    refused(capsys, [command, "1f1b", "-p", "2", "-m", "2", "--dp", "100000", *extra], "ranks")
+    assert not (tmp_path / "c.json").exists()
