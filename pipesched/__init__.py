@@ -135,6 +135,8 @@ def run(schedule: Schedule, model: "PipelineModel | ExampleModel", options: "Run
     """Run `schedule` on `model` with one local process per rank (torch.distributed P2P),
     or this process's rank under torchrun; the measured trace, step times and the check
     against the unpipelined model come back on rank 0 (None on other torchrun ranks).
+    `RunOptions(dp=D)` runs D data-parallel replicas (p x D processes; `model` then holds
+    the batch of D x m microbatches, see docs/data_parallel.md).
     Call it under `if __name__ == "__main__":` (ranks are started with spawn)."""
     from .executor.job import RunOptions, launch
 
