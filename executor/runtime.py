@@ -129,12 +129,9 @@ class RankRuntime:
             group = dp_groups(p, layout.replicas)[rank]  # collective too, after the link groups everywhere
             self.sync = GradientSync(layout.rank, {k: sm.module for k, sm in self.modules.items()}, group,
                                      bucket_bytes, timeout, lr)
-            for unit in self.units:
-                for t in unit:
-                    if graph.tasks[t].op in (W, BW):
-                        self.last_weight = {x: k for x, k in self.last_weight.items()
-                                            if k != sched.stages[graph.tasks[t].stage].model_stage}
-                        self.last_weight[t] = sched.stages[graph.tasks[t].stage].model_stage
+            last = {sched.stages[graph.tasks[t].stage].model_stage: t  # later ones overwrite: the last
+                    for unit in self.units for t in unit if graph.tasks[t].op in (W, BW)}
+            self.last_weight = {t: k for k, t in last.items()}
         self.inputs = [x.to(device) for x in model.inputs]
         self.targets = [y.to(device) for y in model.targets]
         self.local: dict[int, Any] = {}

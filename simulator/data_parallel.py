@@ -42,18 +42,23 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
     step's tail appended, and meta["data_parallel"] describing it. stage_costs: per
     model stage (seconds, bytes)."""
     rows: list[tuple] = []  # rank, lane, op, mb, stage, start, end
-    weight_ops = np.isin(trace.op, (OPS.index(W), OPS.index(BW))) & (trace.lane == COMPUTE)
+    comp = np.flatnonzero(trace.lane == COMPUTE)
+    pipeline_end = np.full(schedule.ranks, -np.inf)
+    np.maximum.at(pipeline_end, trace.rank[comp], trace.end[comp])
+    # per (rank, stage), its last W or BW: one sort of the weight ops by (rank, stage, end)
+    weights = comp[np.isin(trace.op[comp], (OPS.index(W), OPS.index(BW)))]
+    key = trace.rank[weights].astype(np.int64) * len(schedule.stages) + trace.stage[weights]
+    weights = weights[np.lexsort((trace.end[weights], key))]
+    key = trace.rank[weights].astype(np.int64) * len(schedule.stages) + trace.stage[weights]
+    last_of_key = weights[np.flatnonzero(np.append(key[1:] != key[:-1], True))] if len(weights) else weights
+    ready_by_rank: dict[int, list[tuple[float, int, int]]] = {}
+    for i in last_of_key.tolist():  # (time its gradients are final, stage, op index of its last W/BW)
+        ready_by_rank.setdefault(int(trace.rank[i]), []).append((float(trace.end[i]), int(trace.stage[i]),
+                                                                 int(trace.op[i])))
     for r in range(schedule.ranks):
-        on_rank = (trace.rank == r) & (trace.lane == COMPUTE)
-        if not on_rank.any():
+        if not np.isfinite(pipeline_end[r]):
             continue
-        pipeline_end = float(trace.end[on_rank].max())
-        ready = []  # (time its gradients are final, stage, op index of its last W/BW)
-        for v in np.unique(trace.stage[on_rank & weight_ops]).tolist():
-            mine = np.flatnonzero(on_rank & weight_ops & (trace.stage == v))
-            last = mine[np.argmax(trace.end[mine])]
-            ready.append((float(trace.end[last]), v, int(trace.op[last])))
-        ready.sort()
+        ready = sorted(ready_by_rank.get(r, []))
         link_free = 0.0
         synced = []  # (time its all-reduces finish, stage)
         for t, v, op in ready:
@@ -64,7 +69,7 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
                 done = link_free = start + dp.allreduce_time(nbytes)
                 rows.append((r, ALLREDUCE, op, k, v, start, done))
             synced.append((done, v))
-        free = pipeline_end
+        free = float(pipeline_end[r])
         for done, v in sorted(synced):
             start = max(free, done)
             free = start + stage_costs[schedule.stages[v].model_stage].optimizer_time
