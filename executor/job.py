@@ -3,6 +3,10 @@
 `run_schedule(ctx, schedule, model, options)` is called by every rank of an initialised
 process group (from `launch_local`, `run_here` or a test's own job); rank 0 returns a
 `RunResult` with the measured Trace of the step of median makespan, the others None.
+
+With `options.dp` replicas (executor.data_parallel) the process group has p x d ranks;
+the Trace is replica 0's (ranks 0..p-1) with its all-reduce and optimizer spans, the
+step times span every replica, and the gradients checked are the whole batch's.
 """
 from __future__ import annotations
 
@@ -17,11 +21,12 @@ from pipesched.schedules.graph import TaskGraph
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import validate
 from pipesched.simulator.metrics import Metrics, compute_metrics
-from pipesched.simulator.trace import COMPUTE, RECV, SEND, Span, Trace
+from pipesched.simulator.trace import ALLREDUCE, COMPUTE, OPTIMIZER, RECV, SEND, Span, Trace
 
 from . import reference, replicas
 from . import progress
 from .clock import clock_offset
+from .data_parallel import Layout, replica_model
 from .launch import RankContext, check_backend, check_launchable, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
 from .runtime import RankRuntime, RankStep
@@ -39,6 +44,16 @@ class RunOptions:
     check: bool = True           # compare with the unpipelined reference
     lookahead: int = 2           # gloo: receives posted this many units ahead (< 0: all at the start)
     clock_ping: bool = False     # estimate clock offsets even on one host
+    dp: int = 1                  # data-parallel replicas (p x dp processes; the batch is dp x m microbatches)
+    bucket_bytes: float | None = None  # all-reduce buckets (None: a model stage's gradients at once)
+    lr: float = 0.0              # the SGD step's learning rate under data parallelism (0: weights unchanged)
+
+    def checked(self) -> "RunOptions":
+        if not isinstance(self.dp, int) or isinstance(self.dp, bool) or self.dp < 1:
+            raise ValueError(f"dp must be an integer >= 1 (replicas), got {self.dp!r}")
+        if self.bucket_bytes is not None and not self.bucket_bytes > 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes!r}")
+        return self
 
 
 @dataclass
@@ -64,22 +79,27 @@ class RunResult:
                "comm_time": m.comm_time, "comm_hidden_fraction": m.comm_hidden_fraction,
                "op_time_mean": t.meta["op_time_mean"], "per_rank": self.per_rank,
                "max_grad_rel_error": None, "loss_matches_reference": None}
+        if "data_parallel" in t.meta:
+            out["data_parallel"] = {**t.meta["data_parallel"], "allreduce_time": m.allreduce_time,
+                                    "allreduce_exposed": m.allreduce_exposed}
         if self.check is not None:
             out.update(self.check.to_dict())
         return out
 
 
-def prepare(schedule: Schedule, model: PipelineModel | ExampleModel, backend: str = "gloo") -> TaskGraph:
+def prepare(schedule: Schedule, model: PipelineModel | ExampleModel, backend: str = "gloo",
+            dp: int = 1) -> TaskGraph:
     """Everything that can be checked before a process starts: the graph (ScheduleError),
     the backend on this host (ValueError) and the model against the schedule (ModelError).
-    Ranks that cannot be launched here are refused first, before any model stage is built."""
+    Ranks that cannot be launched here are refused first, before any model stage is built.
+    With `dp` replicas a PipelineModel holds the global batch: dp x m microbatches."""
     if not under_torchrun() and isinstance(schedule.ranks, int):
-        check_launchable(schedule.ranks)
+        check_launchable(schedule.ranks * dp)
     graph = validate(schedule)
-    check_backend(backend, 1 if under_torchrun() else schedule.ranks)
+    check_backend(backend, 1 if under_torchrun() else schedule.ranks * dp)
     if isinstance(model, ExampleModel):
-        model = model.check().build(schedule.num_model_stages, schedule.microbatches)
-    check_model(model, schedule.num_model_stages, schedule.microbatches)
+        model = model.check().build(schedule.num_model_stages, schedule.microbatches * dp)
+    check_model(model, schedule.num_model_stages, schedule.microbatches * dp)
     return graph
 
 
@@ -88,15 +108,17 @@ def start(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunO
     """Run a prepared schedule: one local process per rank, or this process's rank under
     torchrun. Rank 0 gets the RunResult (None elsewhere); a failing rank raises
     ExecutorError (locally) or exits 1 (under torchrun)."""
+    options.checked()
     if under_torchrun():
         return run_here(run_schedule, (schedule, model, options), backend, options.timeout)
-    return launch_local(run_schedule, (schedule, model, options), schedule.ranks, backend, options.timeout)
+    return launch_local(run_schedule, (schedule, model, options), schedule.ranks * options.dp, backend,
+                        options.timeout)
 
 
 def launch(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),
            backend: str = "gloo") -> RunResult | None:
     """`prepare`, then `start`: the library's entry point for running your own modules."""
-    prepare(schedule, model, backend)
+    prepare(schedule, model, backend, options.dp)
     return start(schedule, model, options, backend)
 
 
@@ -104,12 +126,18 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
                  options: RunOptions = RunOptions()) -> RunResult | None:
     """Run `options.warmup + options.steps` steps of `schedule` on this rank."""
     graph = validate(schedule)
-    if schedule.ranks != ctx.world:
-        raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks, the process group {ctx.world}")
-    built = model.build(schedule.num_model_stages, schedule.microbatches) if isinstance(model, ExampleModel) else model
-    specs = check_model(built, schedule.num_model_stages, schedule.microbatches)
+    d = options.dp
+    if schedule.ranks * d != ctx.world:
+        raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks x {d} replicas, "
+                         f"the process group {ctx.world}")
+    m = schedule.microbatches * d
+    built = model.build(schedule.num_model_stages, m) if isinstance(model, ExampleModel) else model
+    specs = check_model(built, schedule.num_model_stages, m)
+    layout = Layout(ctx.rank, schedule.ranks, d)
+    mine = replica_model(built, layout.replica, d) if d > 1 else built
     offset = clock_offset(ctx.rank, ctx.world, options.clock_ping, ctx.device if ctx.backend == "nccl" else None)
-    runtime = RankRuntime(graph, ctx.rank, built, specs, ctx.backend, ctx.device, options.timeout, options.lookahead)
+    runtime = RankRuntime(graph, layout.pipeline_rank, mine, specs, ctx.backend, ctx.device, options.timeout,
+                          options.lookahead, layout, options.bucket_bytes, options.lr)
     try:
         records: list[RankStep] = []
         total = options.warmup + options.steps
@@ -160,6 +188,7 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
     sched = graph.schedule
     steps = len(reports[0].bounds)
     step_times = [max(r.bounds[i][1] for r in reports) - min(r.bounds[i][0] for r in reports) for i in range(steps)]
+    everyone, reports = reports, reports[:sched.ranks]  # replica 0's ranks make the trace
     traces = [measured_trace(graph, [(r.offset, r.steps[i]) for r in reports]) for i in range(steps)]
     makespans = [compute_metrics(t).makespan for t in traces]
     median = sorted(range(steps), key=makespans.__getitem__)[(steps - 1) // 2]  # the lower median: a real step
@@ -172,6 +201,8 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
         "param_bytes": [r.param_bytes for r in reports],
         "overhead_per_op": [r.overhead_per_op for r in reports],
     })
+    if options.dp > 1:
+        trace.meta["data_parallel"] = {"degree": options.dp, "bucket_bytes": options.bucket_bytes, "lr": options.lr}
     if ctx.device.type == "cuda":
         trace.meta["cuda_max_memory_allocated"] = [r.cuda_max_memory_allocated for r in reports]
     metrics = compute_metrics(trace, graph)
@@ -179,8 +210,12 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
     if options.check:
         holders = replicas.holders(sched)
         grads = {k: reports[ranks[0]].grads[k] for k, ranks in holders.items()}
-        identical = all(_same(reports[r].grads[k], grads[k]) for k, ranks in holders.items() for r in ranks)
-        losses = {mb: v for r in reports for mb, v in r.steps[-1].losses.items()}
+        p = sched.ranks  # every replica's every holder: the same gradients, bit for bit
+        identical = all(_same(everyone[q * p + r].grads[k], grads[k]) for k, ranks in holders.items()
+                        for r in ranks for q in range(options.dp))
+        # replica q's microbatch i is the batch's q * m + i
+        losses = {q * sched.microbatches + mb: v for q in range(options.dp) for r in everyone[q * p:(q + 1) * p]
+                  for mb, v in r.steps[-1].losses.items()}
         loss = 0.0
         for mb in sorted(losses):  # in microbatch order, as the reference adds them
             loss += losses[mb]
@@ -216,6 +251,13 @@ def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Tra
                               start - shift, end - shift, peer))
             if lane == "recv" and math.isfinite(taken):
                 takes.append([rec.rank, src.op, src.mb, src.stage, peer, taken - shift])
+        if rec.allreduce or rec.optimizer:
+            last = _last_weight_ops(graph, rec.rank)
+            for k, bucket, start, end in rec.allreduce:
+                stage, op = last[k]
+                spans.append(Span(rec.rank, ALLREDUCE, op, bucket, stage, start - shift, end - shift))
+            for k, start, end in rec.optimizer:
+                spans.append(Span(rec.rank, COMPUTE, OPTIMIZER, 0, last[k][0], start - shift, end - shift))
         times, levels = rec.memory
         memory.append(([x - shift for x in times], levels))
         for k, v in rec.forward_bytes.items():
@@ -231,6 +273,18 @@ def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Tra
         "receive_takes": takes,
     }
     return Trace.from_spans(sched.name, sched.ranks, sched.microbatches, "measured", spans, memory, meta)
+
+
+def _last_weight_ops(graph: TaskGraph, rank: int) -> dict[int, tuple[int, str]]:
+    """Model stage -> (virtual stage, op) of its last W or BW on `rank`: what a
+    data-parallel step's all-reduce and optimizer spans are keyed by."""
+    out = {}
+    for u in graph.rank_units[rank]:
+        for t in graph.units[u]:
+            task = graph.tasks[t]
+            if task.op in ("W", "BW"):
+                out[graph.schedule.stages[task.stage].model_stage] = (task.stage, task.op)
+    return out
 
 
 def _same(a: list, b: list) -> bool:

@@ -71,10 +71,11 @@ def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 
 def sum_shared_grads(rank: int, groups: list[SharedGroup], stages: Sequence[nn.Module], tag_base: int,
-                     timeout: float, device: torch.device) -> None:
+                     timeout: float, device: torch.device, offset: int = 0) -> None:
     """Sum the gradients of every group this rank belongs to (collective among each
     group's ranks). `stages`: this rank's copy of every model stage; tags from
-    `tag_base` up are free (above every edge id)."""
+    `tag_base` up are free (above every edge id). Ranks are pipeline ranks, the process
+    group's rank `offset` higher (data parallelism: the replica's first rank)."""
     mine_groups = [(g, group) for g, group in enumerate(groups) if rank in group.ranks]
     if not mine_groups:
         return
@@ -97,20 +98,20 @@ def sum_shared_grads(rank: int, groups: list[SharedGroup], stages: Sequence[nn.M
     mine = {g: _flat(params[g]).to(stage) for g, _ in mine_groups}
     for g, group in mine_groups:
         if rank != group.ranks[0]:
-            pending.append((dist.isend(mine[g], group.ranks[0], tag=tag_base + 2 * g), group.ranks[0], g))
+            pending.append((dist.isend(mine[g], offset + group.ranks[0], tag=tag_base + 2 * g), group.ranks[0], g))
     for g, group in mine_groups:
         if rank != group.ranks[0]:
             continue
         total = mine[g].clone()
         for peer in group.ranks[1:]:
             theirs = torch.empty_like(total)
-            finish(dist.irecv(theirs, peer, tag=tag_base + 2 * g), peer, g, "receiving")
+            finish(dist.irecv(theirs, offset + peer, tag=tag_base + 2 * g), peer, g, "receiving")
             total += theirs
         mine[g] = total
-        pending.extend((dist.isend(total, peer, tag=tag_base + 2 * g + 1), peer, g) for peer in group.ranks[1:])
+        pending.extend((dist.isend(total, offset + peer, tag=tag_base + 2 * g + 1), peer, g) for peer in group.ranks[1:])
     for g, group in mine_groups:
         if rank != group.ranks[0]:
-            finish(dist.irecv(mine[g], group.ranks[0], tag=tag_base + 2 * g + 1), group.ranks[0], g,
+            finish(dist.irecv(mine[g], offset + group.ranks[0], tag=tag_base + 2 * g + 1), group.ranks[0], g,
                    "receiving summed")
     for work, peer, g in pending:
         finish(work, peer, g, "sending")

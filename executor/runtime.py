@@ -21,6 +21,7 @@ from pipesched.simulator.posting import receive_posts
 from . import replicas
 from .clock import CpuTimer, CudaTimer, now
 from .comm import GlooTransport, NcclTransport, Transfer, link_groups
+from .data_parallel import GradientSync, Layout, dp_groups
 from .memory import MemoryLedger
 from .models import PipelineModel, TensorSpec
 from .stage import StageModule, held_bytes
@@ -41,6 +42,8 @@ class RankStep:
     host_wait_time: float                              # seconds blocked on receives and final sends
     forward_bytes: dict[int, list[int]] = field(default_factory=dict)  # model stage -> bytes saved per F
     kept_bytes: dict[int, list[int]] = field(default_factory=dict)     # model stage -> bytes B kept for W
+    allreduce: list[tuple[int, int, float, float]] = field(default_factory=list)  # (model stage, bucket, start, end)
+    optimizer: list[tuple[int, float, float]] = field(default_factory=list)       # (model stage, start, end)
 
 
 class Posting:
@@ -79,11 +82,19 @@ class Posting:
 
 
 class RankRuntime:
-    """Rank `rank`'s share of a schedule: its stage modules, transfers and program."""
+    """Rank `rank`'s share of a schedule: its stage modules, transfers and program.
+
+    With data parallelism (`layout` of more than one replica, see executor.data_parallel)
+    `rank` is the pipeline rank within the replica, transfers go to the replica's own
+    ranks, and each model stage's gradients are all-reduced over the DP group once its
+    last W or BW on this rank ends (buckets of `bucket_bytes`), then stepped by SGD (`lr`)."""
 
     def __init__(self, graph: TaskGraph, rank: int, model: PipelineModel, specs: list[TensorSpec],
-                 backend: str, device: torch.device, timeout: float, lookahead: int = 2):
+                 backend: str, device: torch.device, timeout: float, lookahead: int = 2,
+                 layout: Layout | None = None, bucket_bytes: float | None = None, lr: float = 0.0):
         sched = graph.schedule
+        layout = layout or Layout(rank, sched.ranks, 1)
+        self.offset = offset = layout.offset
         self.graph, self.rank, self.model, self.device, self.timeout = graph, rank, model, device, timeout
         self.timer = CudaTimer(device) if device.type == "cuda" else CpuTimer()
         own = sorted({sched.stages[s].model_stage for s in sched.stages_of_rank(rank)})
@@ -101,16 +112,26 @@ class RankRuntime:
             src, dst = graph.edge_ranks(e)
             if edge.kind != LOCAL and rank in (src, dst):
                 kind = "activation" if edge.kind == ACTIVATION else "gradient"
-                self.transfers[e] = Transfer(e, dst if src == rank else src, graph.tasks[edge.src],
+                self.transfers[e] = Transfer(e, offset + (dst if src == rank else src), graph.tasks[edge.src],
                                              graph.tasks[edge.dst], kind)
         self.specs = {e: specs[graph.edges[e].boundary] for e in self.transfers}
         recv_edges = [[e for t in unit for e in graph.task_inputs[t] if e in self.transfers] for unit in self.units]
         nccl = backend == "nccl"
         self.posting = Posting(graph, rank, recv_edges, 0 if nccl else lookahead, in_order=nccl)
-        links = [graph.edge_ranks(e) for e in graph.transfers]
+        p = sched.ranks
+        links = [(q * p + a, q * p + b) for q in range(layout.replicas) for a, b in map(graph.edge_ranks, graph.transfers)]
         groups = None if nccl else link_groups(links)  # collective: every rank builds the same groups
         transport = NcclTransport if nccl else GlooTransport
-        self.transport = transport(rank, timeout, self.ledger, device, len(self.transfers), groups)
+        self.transport = transport(offset + rank, timeout, self.ledger, device, len(self.transfers), groups)
+        self.sync: GradientSync | None = None
+        self.last_weight: dict[int, int] = {}  # task id -> the model stage whose last W or BW it is
+        if layout.replicas > 1:
+            group = dp_groups(p, layout.replicas)[rank]  # collective too, after the link groups everywhere
+            self.sync = GradientSync(layout.rank, {k: sm.module for k, sm in self.modules.items()}, group,
+                                     bucket_bytes, timeout, lr)
+            last = {sched.stages[graph.tasks[t].stage].model_stage: t  # later ones overwrite: the last
+                    for unit in self.units for t in unit if graph.tasks[t].op in (W, BW)}
+            self.last_weight = {t: k for k, t in last.items()}
         self.inputs = [x.to(device) for x in model.inputs]
         self.targets = [y.to(device) for y in model.targets]
         self.local: dict[int, Any] = {}
@@ -133,17 +154,21 @@ class RankRuntime:
         self.forward_bytes, self.kept_bytes = {}, {}
         start = now()
         marks, losses = self._walk()
+        order = self.sync.finish() if self.sync is not None else []
         replicas.sum_shared_grads(self.rank, self.shared, self.model.stages, len(self.graph.edges), self.timeout,
-                                  self.device)
+                                  self.device, self.offset)
+        if self.sync is not None:
+            self.sync.step(order)
         self.timer.sync()
         end = now()
         compute = [(t, self.timer.seconds(a), self.timer.seconds(b)) for t, a, b in marks]
-        transfers = [(d.lane, d.transfer.edge, d.transfer.peer, d.start, d.end, d.taken)
+        transfers = [(d.lane, d.transfer.edge, d.transfer.peer - self.offset, d.start, d.end, d.taken)
                      for d in self.transport.done]
         self.transport.done.clear()
         memory = (list(self.ledger.times), list(self.ledger.levels))
+        allreduce, optimizer = self.sync.take_spans() if self.sync is not None else ([], [])
         return RankStep(self.rank, start, end, compute, transfers, memory, {mb: float(v) for mb, v in losses.items()},
-                        self.op_time, self.wait_time, self.forward_bytes, self.kept_bytes)
+                        self.op_time, self.wait_time, self.forward_bytes, self.kept_bytes, allreduce, optimizer)
 
     def _walk(self) -> tuple[list, dict[int, Tensor]]:
         """The program, unit by unit, then the wait for the last sends."""
@@ -159,6 +184,8 @@ class RankRuntime:
                             self.arrived[e] = self._take(e)
             for t in unit:
                 marks.append(self._run(t, losses))
+                if self.sync is not None and t in self.last_weight:
+                    self.sync.start(self.last_weight[t])
         waited = now()
         self.transport.drain()
         self.wait_time += now() - waited
@@ -168,6 +195,8 @@ class RankRuntime:
 
     def close(self) -> None:
         self.transport.close()
+        if self.sync is not None:
+            self.sync.close()
 
     def _post(self, edges: list[int]) -> None:
         if edges:

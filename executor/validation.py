@@ -30,6 +30,7 @@ from pipesched.simulator.replay import replay
 from pipesched.simulator.trace import Trace
 
 from .calibrate import CalibrationOptions, oversubscribed
+from .dp_calibrate import measure_here, with_data_parallel
 from .job import RunOptions, RunResult, run_schedule
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
@@ -129,6 +130,11 @@ class Validation:
             "max_grad_rel_error": None if self.run.check is None else self.run.check.max_grad_rel_error,
             "loss_matches_reference": None if self.run.check is None else self.run.check.loss_matches,
             "warnings": self.warnings(),
+            "data_parallel": None if self.costs.data_parallel.degree == 1 else {
+                "degree": self.costs.data_parallel.degree,
+                "predicted_exposed": c.predicted.allreduce_exposed, "measured_exposed": c.measured.allreduce_exposed,
+                "predicted_allreduce_time": c.predicted.allreduce_time,
+                "measured_allreduce_time": c.measured.allreduce_time},
         }
 
 
@@ -155,12 +161,33 @@ def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel
     return None if ctx.rank != 0 else (costs, result)
 
 
+def measure_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
+                    calibration: CalibrationOptions, options: RunOptions):
+    """Collective over p x d ranks: measure data parallelism's costs, then run; rank 0
+    returns (DataParallelProfile, RunResult)."""
+    profile = measure_here(ctx, schedule, model, options.dp, calibration)
+    result = run_schedule(ctx, schedule, model, options)
+    return None if ctx.rank != 0 else (profile, result)
+
+
 def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),
                       calibration: CalibrationOptions = CalibrationOptions(), backend: str = "gloo"
                       ) -> Validation | None:
-    """Calibrate, run, simulate, compare (None on torchrun ranks other than 0)."""
+    """Calibrate, run, simulate, compare (None on torchrun ranks other than 0). With
+    options.dp > 1 (not under torchrun) two launches: the pipeline's calibration on p
+    ranks, then on p x d ranks the data-parallel costs (executor.dp_calibrate) and the
+    run; the prediction is the whole step, tail included."""
     calibration.check()
-    args = (schedule, model, calibration.__class__(**{**calibration.__dict__, "timeout": options.timeout}), options)
+    calibration = calibration.__class__(**{**calibration.__dict__, "timeout": options.timeout})
+    if options.dp > 1:
+        if under_torchrun():
+            raise ValueError("validate --dp runs two launches; start it without torchrun")
+        pipeline_costs = launch_local(calibration.job(), (schedule, model, calibration), schedule.ranks, backend,
+                                      options.timeout)
+        profile, result = launch_local(measure_and_run, (schedule, model, calibration, options),
+                                       schedule.ranks * options.dp, backend, options.timeout)
+        return assemble(schedule, with_data_parallel(pipeline_costs, profile, options.bucket_bytes), result, options)
+    args = (schedule, model, calibration, options)
     if under_torchrun():
         out = run_here(calibrate_and_run, args, backend, options.timeout)
     else:

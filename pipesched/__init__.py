@@ -26,7 +26,7 @@ from .schedules.validate import validate as _check
 from .simulator import costs as _costs
 from .simulator.api import simulate
 from .simulator.compare import Comparison, compare
-from .simulator.costs import CostError, CostModel, StageCost
+from .simulator.costs import CostError, CostModel, DataParallel, StageCost
 from .simulator.metrics import Metrics, compute_metrics
 from .simulator.replay import ReplayError, replay
 from .simulator.trace import Trace, TraceError
@@ -46,7 +46,7 @@ __all__ = [
     "Schedule", "Task", "Overlap", "VirtualStage", "TaskGraph", "ScheduleError",
     "build", "schedule_names", "check_schedule", "load_schedule", "save_schedule",
     # costs and the simulator
-    "CostModel", "StageCost", "CostError", "uniform_costs", "load_costs", "save_costs",
+    "CostModel", "StageCost", "DataParallel", "CostError", "uniform_costs", "load_costs", "save_costs",
     "simulate", "Trace", "TraceError", "Metrics", "metrics", "Comparison", "compare", "plot",
     "replay", "ReplayError",
     # the executor (torch)
@@ -137,6 +137,8 @@ def run(schedule: Schedule, model: "PipelineModel | ExampleModel", options: "Run
     """Run `schedule` on `model` with one local process per rank (torch.distributed P2P),
     or this process's rank under torchrun; the measured trace, step times and the check
     against the unpipelined model come back on rank 0 (None on other torchrun ranks).
+    `RunOptions(dp=D)` runs D data-parallel replicas (p x D processes; `model` then holds
+    the batch of D x m microbatches, see docs/data_parallel.md).
     Call it under `if __name__ == "__main__":` (ranks are started with spawn)."""
     from .executor.job import RunOptions, launch
 
@@ -144,13 +146,19 @@ def run(schedule: Schedule, model: "PipelineModel | ExampleModel", options: "Run
 
 
 def calibrate(schedule: Schedule, model: "PipelineModel | ExampleModel",
-              options: "CalibrationOptions | None" = None, backend: str = "gloo") -> "CostModel | None":
+              options: "CalibrationOptions | None" = None, backend: str = "gloo", *, dp: int = 1,
+              bucket_bytes: float | None = None) -> "CostModel | None":
     """Measure `model`'s op, transfer and host costs on this machine, placed as `schedule`
-    places them: a CostModel for `simulate` (None on torchrun ranks other than 0)."""
+    places them: a CostModel for `simulate` (None on torchrun ranks other than 0). With
+    `dp` > 1 (local launches only) also the data-parallel step's costs on p x dp ranks
+    (see docs/data_parallel.md); `model` then holds dp x m microbatches."""
     from .executor.calibrate import CalibrationOptions, calibrate as _calibrate
     from .executor.job import prepare
 
-    prepare(schedule, model, backend)
+    prepare(schedule, model, backend, dp)
+    if dp > 1:
+        from .executor.dp_calibrate import calibrate_data_parallel
+        return calibrate_data_parallel(schedule, model, dp, options or CalibrationOptions(), backend, bucket_bytes)
     return _calibrate(schedule, model, options or CalibrationOptions(), backend)
 
 
@@ -162,7 +170,8 @@ def validate(schedule: Schedule, model: "PipelineModel | ExampleModel", options:
     from .executor.job import RunOptions, prepare
     from .executor.validation import validate_schedule
 
-    prepare(schedule, model, backend)
+    options = options or RunOptions()
+    prepare(schedule, model, backend, options.dp)
     return validate_schedule(schedule, model, options or RunOptions(), calibration or CalibrationOptions(), backend)
 
 

@@ -57,7 +57,24 @@ def run_options(args: argparse.Namespace):
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
     return RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check,
-                      lookahead=args.recv_lookahead)
+                      lookahead=args.recv_lookahead, dp=replicas_of(args), bucket_bytes=bucket_of(args))
+
+
+def replicas_of(args: argparse.Namespace) -> int:
+    """--dp (default 1): the data-parallel replicas to launch; UsageError below 1."""
+    dp = getattr(args, "dp", None)
+    if dp is None:
+        return 1
+    if dp < 1:
+        raise UsageError(f"--dp must be an integer >= 1 (replicas), got {dp}")
+    return dp
+
+
+def bucket_of(args: argparse.Namespace) -> float | None:
+    bucket = getattr(args, "dp_bucket", None)
+    if bucket is not None and not (0 < bucket < math.inf):
+        raise UsageError(f"--dp-bucket must be > 0, got {bucket:g}")
+    return bucket
 
 
 def import_executor(command: str) -> None:
@@ -98,8 +115,9 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
         args.hidden = DEFAULT_HIDDEN[kind]
     if args.microbatch_size is None:
         args.microbatch_size = DEFAULT_MICROBATCH[kind]
+    microbatches = schedule.microbatches * replicas_of(args)  # the global batch, split across the replicas
     if is_spec(args.model):
-        return build_user_model(args.model, schedule.num_model_stages, schedule.microbatches)
+        return build_user_model(args.model, schedule.num_model_stages, microbatches)
     if args.model in EXAMPLES:
         return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq,
                             args.dtype, args.seed)
@@ -107,36 +125,37 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
         spec = HFModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq, args.vocab,
                        args.dtype, args.seed)
         try:
-            return spec.build(schedule.num_model_stages, schedule.microbatches)
+            return spec.build(schedule.num_model_stages, microbatches)
         except ModelError as exc:
             raise UsageError(str(exc)) from None
     raise UsageError(f"unknown --model {args.model!r}; use {', '.join(EXAMPLES + HF_PRESETS)} or "
                      "package.module:function")
 
 
-def check_launchable_ranks(ranks: int | None) -> None:
-    """UsageError at once when -p asks for more local ranks than this host can start
-    (before the schedule or any model stage is built); nothing to check under torchrun."""
+def check_launchable_ranks(ranks: int | None, replicas: int = 1) -> None:
+    """UsageError at once when -p (times --dp) asks for more local ranks than this host can
+    start (before the schedule or any model stage is built); nothing to check under torchrun."""
     from pipesched.executor.launch import check_launchable, under_torchrun
 
     if ranks is None or ranks < 1 or under_torchrun():
         return
     try:
-        check_launchable(ranks)
+        check_launchable(ranks * replicas)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def prepare_checked(schedule: Schedule, model, backend: str):
+def prepare_checked(schedule: Schedule, model, backend: str, replicas: int = 1):
     """`executor.job.prepare` with every problem as one line: the schedule's own error,
     else a UsageError. Returns the validated task graph."""
     from pipesched.executor.job import prepare
     from pipesched.executor.launch import under_torchrun
 
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != schedule.ranks:
-        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks, the schedule has {schedule.ranks}")
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != schedule.ranks * replicas:
+        raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks, the schedule has {schedule.ranks}"
+                         + (f" x {replicas} replicas" if replicas > 1 else ""))
     try:
-        return prepare(schedule, model, backend)
+        return prepare(schedule, model, backend, replicas)
     except ValueError as exc:
         if isinstance(exc, ScheduleError):
             raise

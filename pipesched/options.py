@@ -14,6 +14,7 @@ from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, Sta
 from pipesched.simulator.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
 from .budget import Budget, build_within, check_fits
+from .dp_options import add_dp_args, apply_dp_args
 from .errors import UsageError
 
 
@@ -161,6 +162,7 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rank-demand", type=float, metavar="T", help="cores a computing rank uses (default 1)")
     g.add_argument("--wait-demand", type=float, metavar="W", help="cores a rank uses while it waits (default 0)")
     g.add_argument("--blocking-sends", action="store_true", help="ranks wait for their sends to finish")
+    add_dp_args(parser, BANDWIDTH, SECONDS, BYTES)
 
 
 def costs_from_args(args: argparse.Namespace) -> CostModel:
@@ -200,7 +202,7 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
                     op_overhead=model.op_overhead if args.op_overhead is None else args.op_overhead,
                     contention=model.contention and not args.no_contention,
                     blocking_sends=model.blocking_sends or args.blocking_sends)
-    model = model.check()
+    model = apply_dp_args(args, model).check()
     if not any(_computes(s) for s in (*model.stages, *(model.model_stages or ()))) and not model.op_overhead:
         raise UsageError("every op takes 0 s, so there is no timeline to predict; "
                          "give --f, --b or --w (or the cost file's times) > 0")

@@ -26,6 +26,15 @@ def print_costs(costs: CostModel) -> None:
         if link is not None:
             bw = "unlimited" if math.isinf(link.bandwidth) else f"{link.bandwidth / 1e9:.3g} GB/s"
             print(f"{name}: latency {fmt_seconds(link.latency)}, bandwidth {bw}")
+    dp = costs.data_parallel
+    if dp.degree > 1:
+        bw = "unlimited" if math.isinf(dp.bandwidth) else f"{dp.bandwidth / 1e9:.3g} GB/s"
+        slow = costs.meta.get("data_parallel_calibrated", {}).get("replica_slowdown", {})
+        factors = f"; op times x {', '.join(f'{v:.2f}' for v in slow.values())} per stage with every replica " \
+                  "computing" if slow else ""
+        print(f"data parallel: {dp.degree} replicas, all-reduce latency {fmt_seconds(dp.latency)} per ring step, "
+              f"bandwidth {bw}; optimizer "
+              f"{', '.join(fmt_seconds(s.optimizer_time) for s in costs.model_stages or costs.stages)}{factors}")
     o = costs.host_overhead
     if o.any:
         print(f"runtime host time: {fmt_seconds(o.per_op)} per op, {fmt_seconds(o.per_send)} to post a send "

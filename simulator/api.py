@@ -8,6 +8,7 @@ from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import gc_paused, validate
 
 from .costs import CostError, CostModel
+from .data_parallel import add_step_tail, has_tail
 from .des import run_des
 from .exact import longest_path
 from .timing import resolve, to_trace
@@ -25,6 +26,10 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "au
     runs the exact engine, much the faster, unless ranks share compute. The Trace's
     meta names the engine that ran ("engine") and, for "auto", that it was chosen.
     options: noise_cv and rng (see simulator.timing.resolve).
+
+    `costs.data_parallel` (degree > 1) or a stage's optimizer_time adds the step's tail
+    after the pipeline: the gradient all-reduces (lane ALLREDUCE) and the optimizer steps
+    (op OPT), computed once from the pipeline's timeline (simulator.data_parallel).
 
     The schedule is validated (ScheduleError) and the cost model checked (CostError)
     first; CostError too when times or memory overflow to infinity (each cost may be
@@ -58,4 +63,7 @@ def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Tra
     if costs.host is not None:
         meta["shared_compute"] = {"capacity": costs.host.capacity, "compute_demand": costs.host.compute_demand,
                                   "wait_demand": costs.host.wait_demand}
-    return to_trace(graph, timing, timeline, meta)
+    trace = to_trace(graph, timing, timeline, meta)
+    if has_tail(timing.stage_costs, costs.data_parallel):
+        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel)
+    return trace

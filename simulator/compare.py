@@ -16,10 +16,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipesched.schedules.ir import OPS
 
 from .metrics import Metrics, compute_metrics
-from .trace import COMPUTE, Trace
+from .trace import COMPUTE, SPAN_OPS, Trace
 
 
 @dataclass
@@ -96,7 +95,7 @@ def compare(predicted: Trace, measured: Trace) -> Comparison:
         raise ValueError("the traces share no op: are they of the same schedule?")
     start_err = np.array([abs(pk[k][0] - mk[k][0]) for k in common]) / mm.makespan
     per_op = []
-    for op_index, op in enumerate(OPS):
+    for op_index, op in enumerate(SPAN_OPS):  # the optimizer step (OPT) too
         keys = [k for k in common if k[1] == op_index]
         if keys:
             p_med = float(np.median([pk[k][1] - pk[k][0] for k in keys]))

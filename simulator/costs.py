@@ -50,6 +50,11 @@ class StageCost:
     grad_accumulate: seconds of T_W / T_BW spent adding the weight gradients into those of
         earlier microbatches; the first W or BW of a stage in a step (on a rank) only
         keeps its gradients and takes that much less.
+    weight_grad_bytes: bytes of this stage's weight gradients, all-reduced across the
+        data-parallel replicas once per step (None: param_bytes, which calibration
+        measures as the parameters' own bytes, the size of their gradients).
+    optimizer_time: seconds of this stage's optimizer step, once per step (not per
+        microbatch), after its gradients are all-reduced (see simulator.data_parallel).
     """
 
     forward: float = 1.0
@@ -62,11 +67,13 @@ class StageCost:
     weight_memory: float = 0.0
     param_bytes: float = 0.0
     grad_accumulate: float = 0.0
+    weight_grad_bytes: float | None = None
+    optimizer_time: float = 0.0
 
     def check(self, where: str) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in ("backward_full", "gradient_bytes"):
+            if value is None and f.name in ("backward_full", "gradient_bytes", "weight_grad_bytes"):
                 continue
             if not is_real(value):
                 raise CostError(f"{where}.{f.name} must be a number, got {value!r}")
@@ -80,7 +87,14 @@ class StageCost:
             backward_weight=self.backward_weight * k,
             backward_full=None if self.backward_full is None else self.backward_full * k,
             activation_memory=self.activation_memory * k, weight_memory=self.weight_memory * k,
-            param_bytes=self.param_bytes * k, grad_accumulate=self.grad_accumulate * k)
+            param_bytes=self.param_bytes * k, grad_accumulate=self.grad_accumulate * k,
+            weight_grad_bytes=None if self.weight_grad_bytes is None else self.weight_grad_bytes * k,
+            optimizer_time=self.optimizer_time * k)
+
+    @property
+    def synced_bytes(self) -> float:
+        """Bytes of weight gradients this stage all-reduces per step."""
+        return self.param_bytes if self.weight_grad_bytes is None else self.weight_grad_bytes
 
     def op_time(self, op: str) -> float:
         if op == F:
@@ -150,6 +164,53 @@ class Network:
         rpn = self.ranks_per_node
         if rpn is not None and (not is_int(rpn) or rpn < 1):
             raise CostError(f"network.ranks_per_node must be an integer >= 1, got {rpn!r}")
+
+
+MAX_DP_DEGREE = 1_000_000  # data-parallel replicas: far beyond any cluster, so a typo fails early
+MAX_BUCKETS = 1_000_000    # all-reduce buckets of one stage: a tiny bucket size would run for ever
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """`degree` replicas of the pipeline, each model stage's weight gradients all-reduced
+    across them over a DP link of its own (not the pipeline's links): a ring all-reduce
+    of n bytes over d replicas takes 2(d-1) * latency + 2(d-1)/d * n / bandwidth seconds
+    (reduce-scatter then all-gather, each d-1 steps moving n/d bytes; Thakur, Rabenseifner
+    and Gropp 2005, "Optimization of collective communication operations in MPICH";
+    ../shared/reference.md). A stage's gradients go in buckets of at most `bucket_bytes`
+    (None: one bucket), each a separate all-reduce paying the latency again.
+    degree 1: no all-reduce (the optimizer step still runs when it costs time)."""
+
+    degree: int = 1
+    latency: float = 0.0          # seconds per ring step
+    bandwidth: float = math.inf   # bytes/s of each rank's DP link
+    bucket_bytes: float | None = None
+
+    def check(self) -> "DataParallel":
+        if not is_int(self.degree) or not 1 <= self.degree <= MAX_DP_DEGREE:
+            raise CostError(f"data_parallel.degree must be an integer in 1..{MAX_DP_DEGREE:,}, got {self.degree!r}")
+        Link(self.latency, self.bandwidth).check("data_parallel")
+        b = self.bucket_bytes
+        if b is not None and (not is_real(b) or not math.isfinite(b) or b <= 0):
+            raise CostError(f"data_parallel.bucket_bytes must be a finite number of bytes > 0, got {b!r}")
+        return self
+
+    def buckets(self, nbytes: float) -> list[float]:
+        """The sizes (bytes) of the all-reduces that carry `nbytes` of gradients."""
+        if self.bucket_bytes is None or nbytes <= self.bucket_bytes:
+            return [nbytes]
+        full, rest = divmod(nbytes, self.bucket_bytes)
+        if full + (rest > 0) > MAX_BUCKETS:
+            raise CostError(f"data_parallel.bucket_bytes {self.bucket_bytes:g} cuts {nbytes:g} bytes of gradients "
+                            f"into more than {MAX_BUCKETS:,} buckets; use larger buckets")
+        return [float(self.bucket_bytes)] * int(full) + ([float(rest)] if rest > 0 else [])
+
+    def allreduce_time(self, nbytes: float) -> float:
+        """Seconds of one ring all-reduce of `nbytes` bytes (0 when degree is 1)."""
+        d = self.degree
+        if d == 1:
+            return 0.0
+        return 2 * (d - 1) * self.latency + (2 * (d - 1) / d * nbytes / self.bandwidth if nbytes else 0.0)
 
 
 @dataclass(frozen=True)
@@ -248,6 +309,9 @@ class CostModel:
         buffered (see simulator.memory).
     recv_lookahead: receives are posted this many program units ahead of the op that
         needs them (< 0: all at the step's start), as the executor's --recv-lookahead.
+    data_parallel: replicas of the pipeline and their gradient all-reduce (the step's
+        tail, see simulator.data_parallel); the default, degree 1, adds nothing unless a
+        stage's optimizer_time is set.
     """
 
     stages: tuple[StageCost, ...] = (StageCost(),)
@@ -261,6 +325,7 @@ class CostModel:
     host_overhead: HostOverhead = HostOverhead()
     comm_buffers: bool = True
     recv_lookahead: int = 2
+    data_parallel: DataParallel = DataParallel()
     meta: dict = field(default_factory=dict, compare=False)
 
     def check(self) -> "CostModel":
@@ -285,6 +350,9 @@ class CostModel:
         if not isinstance(self.host_overhead, HostOverhead):
             raise CostError("host_overhead must be an object with per_op, per_send and per_recv")
         self.host_overhead.check()
+        if not isinstance(self.data_parallel, DataParallel):
+            raise CostError("data_parallel must be an object with degree, latency, bandwidth and bucket_bytes")
+        self.data_parallel.check()
         return self
 
     def model_stage_costs(self, ranks: int, num_model_stages: int) -> list[StageCost]:
@@ -352,8 +420,9 @@ def uniform(f: float = 1.0, b: float = 1.0, w: float = 1.0, *, latency: float = 
 _OVERLAP_WORDS = {"serial": 0.0, "perfect": 1.0}
 # fields a hand-written file may give with a unit ("12ms", "128MiB", "50GB/s")
 _SECONDS = {"forward", "backward_input", "backward_weight", "backward_full", "grad_accumulate", "latency",
-            "op_overhead", "per_op", "per_send", "per_recv", "send_start", "per_take"}
-_BYTES = {"activation_bytes", "gradient_bytes", "activation_memory", "weight_memory", "param_bytes"}
+            "optimizer_time", "op_overhead", "per_op", "per_send", "per_recv", "send_start", "per_take"}
+_BYTES = {"activation_bytes", "gradient_bytes", "activation_memory", "weight_memory", "param_bytes",
+          "weight_grad_bytes", "bucket_bytes"}
 
 
 def _units(data: Any, where: str) -> Any:
@@ -407,7 +476,7 @@ def from_dict(data: Any) -> CostModel:
     if fmt != FORMAT:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
-               "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead", "meta"}
+               "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead", "data_parallel", "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -462,11 +531,19 @@ def from_dict(data: Any) -> CostModel:
         raise CostError(f"host_overhead has unknown field {unknown[0]!r}; fields are per_op, per_send, per_recv, "
                         "send_start, per_take")
     host_overhead = HostOverhead(**_units(overhead, "host_overhead"))
+    dp = data.get("data_parallel", {})
+    if not isinstance(dp, dict):
+        raise CostError("data_parallel must be an object with degree, latency, bandwidth and bucket_bytes")
+    dp_fields = {"degree", "latency", "bandwidth", "bucket_bytes"}
+    unknown = sorted(set(dp) - dp_fields)
+    if unknown:
+        raise CostError(f"data_parallel has unknown field {unknown[0]!r}; fields are {', '.join(sorted(dp_fields))}")
+    data_parallel = DataParallel(**_units(dp, "data_parallel"))
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
                      op_overhead=_units(data, "cost file").get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
-                     meta=meta).check()
+                     data_parallel=data_parallel, meta=meta).check()
 
 
 def to_dict(model: CostModel) -> dict:
@@ -501,6 +578,13 @@ def to_dict(model: CostModel) -> dict:
                                 "per_take": o.per_take}
         if o.send_start is not None:
             doc["host_overhead"]["send_start"] = o.send_start
+    if model.data_parallel != DataParallel():
+        dp = model.data_parallel
+        doc["data_parallel"] = {"degree": dp.degree, "latency": dp.latency}
+        if not math.isinf(dp.bandwidth):
+            doc["data_parallel"]["bandwidth"] = dp.bandwidth
+        if dp.bucket_bytes is not None:
+            doc["data_parallel"]["bucket_bytes"] = dp.bucket_bytes
     if model.meta:
         doc["meta"] = model.meta
     return doc

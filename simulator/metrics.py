@@ -7,7 +7,11 @@
 - comm time: the summed duration of all transfers; hidden fraction: the part of it
   during which the receiving rank was computing (so it did not wait for the data);
 - critical path: walking back from the last op, the chain of ops and transfers each of
-  which ended when the next one could start.
+  which ended when the next one could start;
+- data parallelism (simulator.data_parallel): the makespan runs to the end of the step's
+  tail (optimizer steps, all-reduces); allreduce_time: the summed duration of the
+  all-reduce spans; allreduce_exposed: how much longer the step is than with free
+  all-reduces.
 """
 from __future__ import annotations
 
@@ -18,8 +22,9 @@ import numpy as np
 from pipesched.schedules.graph import LOCAL, TaskGraph
 from pipesched.schedules.ir import OPS
 
+from .data_parallel import exposed_allreduce
 from .memory import peak_bytes
-from .trace import COMPUTE, SEND, Trace
+from .trace import ALLREDUCE, COMPUTE, SEND, Trace
 
 
 @dataclass
@@ -59,6 +64,8 @@ class Metrics:
     comm_time: float
     comm_hidden_fraction: float
     critical_path: list[PathStep] = field(default_factory=list)
+    allreduce_time: float = 0.0
+    allreduce_exposed: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,7 +107,8 @@ def compute_metrics(trace: Trace, graph: TaskGraph | None = None) -> Metrics:
     comp = trace.lane == COMPUTE
     if not comp.any():
         raise ValueError("trace has no compute spans")
-    t0, t1 = float(trace.start[comp].min()), float(trace.end[comp].max())
+    ar = trace.lane == ALLREDUCE
+    t0, t1 = float(trace.start[comp].min()), max(float(trace.end[comp].max()), float(trace.end[ar].max(initial=-np.inf)))
     makespan = t1 - t0
     unions = []
     per_rank = []
@@ -126,7 +134,8 @@ def compute_metrics(trace: Trace, graph: TaskGraph | None = None) -> Metrics:
                 hidden += float(covered(unions[r], a[m], b[m]).sum())
     path = critical_path(trace, graph) if graph is not None else []
     return Metrics(trace.schedule, trace.ranks, trace.microbatches, makespan, bubble, per_rank,
-                   comm_time, hidden / comm_time if comm_time > 0 else 1.0, path)
+                   comm_time, hidden / comm_time if comm_time > 0 else 1.0, path,
+                   float((trace.end[ar] - trace.start[ar]).sum()), exposed_allreduce(trace))
 
 
 def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:

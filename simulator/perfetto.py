@@ -17,10 +17,11 @@ import numpy as np
 from pipesched.schedules.ir import OPS
 from pipesched.schedules.outputs import write_text
 
-from .trace import COMPUTE, RECV, SEND, Trace
+from .trace import ALLREDUCE, COMPUTE, RECV, SEND, SPAN_OPS, Trace
 
 US = 1e6  # trace-event timestamps are microseconds
 TRANSFER_CAT = "transfer"  # slices and flow events share it: viewers bind a flow by (cat, pid, tid, ts)
+ALLREDUCE_CAT = "allreduce"  # the data-parallel gradient all-reduces
 
 
 def _us(seconds: float, offset: float) -> float:
@@ -58,6 +59,9 @@ def _threads(trace: Trace) -> tuple[np.ndarray, dict[int, list[tuple[int, str]]]
             on = mine[trace.lane[mine] == lane]
             for peer in np.unique(trace.peer[on]):
                 groups.append((f"{word} {arrow} rank {peer}", on[trace.peer[on] == peer]))
+        dp = mine[trace.lane[mine] == ALLREDUCE]
+        if len(dp):
+            groups.append(("DP all-reduce", dp))
         names[r] = []
         for name, idx in groups:
             slot = _slots(trace.start[idx], trace.end[idx]) if len(idx) else np.zeros(0, dtype=int)
@@ -124,13 +128,16 @@ def _events(trace: Trace, offset: float, pid_base: int, label: str, first_flow: 
                            "args": {"sort_index": tid}})
 
     for i in range(len(trace)):
-        r, lane, op = int(trace.rank[i]), int(trace.lane[i]), OPS[trace.op[i]]
+        r, lane, op = int(trace.rank[i]), int(trace.lane[i]), SPAN_OPS[trace.op[i]]
         mb, stage, peer = int(trace.mb[i]), int(trace.stage[i]), int(trace.peer[i])
         args: dict[str, Any] = {"op": op, "mb": mb, "stage": stage}
         if lane == COMPUTE:
             name, cat = f"{op}{mb}", op
             if trace.overlapped[i]:
                 args["overlapped"] = True
+        elif lane == ALLREDUCE:
+            name, cat = f"all-reduce stage {stage} bucket {mb}", ALLREDUCE_CAT
+            args = {"stage": stage, "bucket": mb, "after": op}
         else:
             name, cat = f"{op}{mb}@{stage} {'->' if lane == SEND else '<-'} rank {peer}", TRANSFER_CAT
             args["peer"] = peer

@@ -15,8 +15,8 @@ is the simulator's own error.
   its departure (the sender's op end plus the modelled time to post it) until the
   receive ended; one that had arrived before gets the cost model's link time, cut to
   arrive by the time it was taken. Traces without that record keep the link times.
-- Host time outside ops and memory come from the cost model (`costs`, e.g. the run's own
-  calibration). Ranks sharing cores are not modelled again: the measured durations
+- Host time outside ops, memory and the data-parallel step tail (all-reduces, optimizer)
+  come from the cost model (`costs`, e.g. the run's own calibration). Ranks sharing cores are not modelled again: the measured durations
   already include the slowdown.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pipesched.schedules.ir import OPS, Schedule
 from pipesched.schedules.validate import validate
 
 from .costs import CostModel
+from .data_parallel import add_step_tail, has_tail
 from .exact import longest_path
 from .timing import Timing, resolve, to_trace
 from .trace import COMPUTE, RECV, Trace
@@ -144,4 +145,6 @@ def replay(schedule: Schedule | TaskGraph, measured: Trace, costs: CostModel, pe
         timing = resolve(graph, costs, task_times=timing.task_time, edge_times=edge_times)
     trace = to_trace(graph, timing, longest_path(graph, timing),
                      {"engine": "exact", "replay": per, "replayed_transfers": edge_times is not None})
+    if has_tail(timing.stage_costs, costs.data_parallel):  # all-reduces and optimizer as the cost model says
+        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel)
     return trace

@@ -3,6 +3,7 @@
 Each run multiplies every op and transfer time by an independent lognormal factor with
 mean 1 and the given coefficient of variation, so stragglers appear at random places;
 what a straggler-prone cluster sees is the makespan's mean and upper percentiles.
+A data-parallel step's tail (simulator.data_parallel) is added to each run, unjittered.
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import numpy as np
 from pipesched.schedules.graph import TaskGraph
 
 from .costs import CostModel
+from .data_parallel import add_step_tail, has_tail
 from .des import run_des
 from .exact import longest_path
-from .timing import resolve
+from .timing import resolve, to_trace
+from .trace import ALLREDUCE, COMPUTE
 
 
 @dataclass
@@ -54,6 +57,10 @@ def sample_makespans(graph: TaskGraph, costs: CostModel, runs: int, cv: float, s
         timeline = longest_path(graph, timing) if engine == "exact" and costs.host is None \
             else run_des(graph, timing, costs.host)
         out[i] = max(timeline.unit_end)
+        if has_tail(timing.stage_costs, costs.data_parallel):
+            trace = add_step_tail(to_trace(graph, timing, timeline), graph.schedule, timing.stage_costs,
+                                  costs.data_parallel)
+            out[i] = float(trace.end[(trace.lane == COMPUTE) | (trace.lane == ALLREDUCE)].max())
     if progress:
         progress(runs, "done")
     return out

@@ -8,6 +8,12 @@ Spans are stored column-wise (numpy arrays) because a large simulation has milli
 A compute span is one op; an overlapped pair gives two compute spans with `overlapped`
 set. A transfer gives a `send` span on the sender and a `recv` span on the receiver,
 both keyed by the producing op (op, mb, stage) and naming the other rank in `peer`.
+
+A data-parallel step (simulator.data_parallel) adds its tail: `allreduce` spans, one
+per gradient bucket, keyed by the stage's last weight-gradient op (W or BW), the bucket
+number as mb and the stage, with peer -1 (the DP group is the rank's replicas); and one
+optimizer step per stage on the compute lane, op OPT, mb 0. Traces written before the
+allreduce lane existed load unchanged.
 """
 from __future__ import annotations
 
@@ -25,8 +31,10 @@ from pipesched.schedules.numbers import is_int, is_real
 from pipesched.schedules.outputs import write_text
 
 FORMAT = "pipesched.trace/1"
-COMPUTE, SEND, RECV = 0, 1, 2
-LANES = ("compute", "send", "recv")
+COMPUTE, SEND, RECV, ALLREDUCE = 0, 1, 2, 3
+LANES = ("compute", "send", "recv", "allreduce")
+OPTIMIZER = "OPT"
+SPAN_OPS = OPS + (OPTIMIZER,)  # a span's op indexes this: the schedule's ops, then the optimizer step
 COLUMNS = ("rank", "lane", "op", "mb", "stage", "start", "end", "peer", "overlapped")
 
 
@@ -36,8 +44,8 @@ class TraceError(ValueError):
 
 class Span(NamedTuple):
     rank: int
-    lane: int      # COMPUTE, SEND or RECV
-    op: str        # F, B, W or BW (for transfers: the op that produced the payload)
+    lane: int      # COMPUTE, SEND, RECV or ALLREDUCE
+    op: str        # F, B, W, BW or OPT (for transfers and all-reduces: the op that produced the payload)
     mb: int
     stage: int     # virtual stage index
     start: float   # seconds
@@ -54,7 +62,7 @@ class Trace:
     source: str                                   # "simulated" or "measured"
     rank: np.ndarray
     lane: np.ndarray
-    op: np.ndarray                                # index into schedules.ir.OPS
+    op: np.ndarray                                # index into SPAN_OPS (schedules.ir.OPS, then OPT)
     mb: np.ndarray
     stage: np.ndarray
     start: np.ndarray
@@ -69,7 +77,7 @@ class Trace:
                    spans: list[Span] | list[tuple], memory: list | None = None,
                    meta: dict | None = None) -> "Trace":
         cols = list(zip(*spans)) if spans else [[] for _ in COLUMNS]
-        op_index = {name: i for i, name in enumerate(OPS)}
+        op_index = {name: i for i, name in enumerate(SPAN_OPS)}
         return cls(
             schedule, ranks, microbatches, source,
             rank=np.asarray(cols[0], dtype=np.int32), lane=np.asarray(cols[1], dtype=np.int8),
@@ -88,7 +96,7 @@ class Trace:
     def spans(self, lane: int | None = None, rank: int | None = None) -> Iterator[Span]:
         mask = self.mask(lane, rank)
         for i in np.flatnonzero(mask):
-            yield Span(int(self.rank[i]), int(self.lane[i]), OPS[self.op[i]], int(self.mb[i]),
+            yield Span(int(self.rank[i]), int(self.lane[i]), SPAN_OPS[self.op[i]], int(self.mb[i]),
                        int(self.stage[i]), float(self.start[i]), float(self.end[i]),
                        int(self.peer[i]), bool(self.overlapped[i]))
 
@@ -138,7 +146,7 @@ class Trace:
     # --- JSON -------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        rows = [[int(r), LANES[l], OPS[o], int(m), int(s), float(a), float(b), int(p), bool(v)]
+        rows = [[int(r), LANES[l], SPAN_OPS[o], int(m), int(s), float(a), float(b), int(p), bool(v)]
                 for r, l, o, m, s, a, b, p, v in zip(self.rank, self.lane, self.op, self.mb,
                                                       self.stage, self.start, self.end,
                                                       self.peer, self.overlapped)]
@@ -231,18 +239,23 @@ def _span(row: Any, i: int, ranks: int, microbatches: int, spans: int) -> Span:
         raise TraceError(f"{where} has rank {rank!r}, outside 0..{ranks - 1}")
     if lane not in LANES:
         raise TraceError(f"{where} has lane {lane!r}; lanes are {', '.join(LANES)}")
-    if op not in OPS:
-        raise TraceError(f"{where} has op {op!r}; ops are {', '.join(OPS)}")
-    if not _is_int(mb) or not 0 <= mb < microbatches:
+    if op not in SPAN_OPS:
+        raise TraceError(f"{where} has op {op!r}; ops are {', '.join(SPAN_OPS)}")
+    if op == OPTIMIZER and lane != "compute":
+        raise TraceError(f"{where} is an optimizer step (OPT) on lane {lane!r}; it runs on the compute lane")
+    if lane == "allreduce":  # mb is the bucket's number
+        if not _is_int(mb) or not 0 <= mb <= _INT32:
+            raise TraceError(f"{where} has bucket {mb!r}, need an integer >= 0")
+    elif not _is_int(mb) or not 0 <= mb < microbatches:
         raise TraceError(f"{where} has microbatch {mb!r}, outside 0..{microbatches - 1}")
     if not _is_int(stage) or not 0 <= stage < min(spans, _INT32):
         raise TraceError(f"{where} has stage {stage!r}, need an integer in 0..{min(spans, _INT32) - 1} "
                          "(virtual stages are numbered from 0, each with ops)")
     if not (_time(start) and _time(end) and start <= end):
         raise TraceError(f"{where} runs from {start!r} to {end!r}; times must be finite seconds, end >= start")
-    transfer = lane != "compute"
+    transfer = lane in ("send", "recv")
     if not _is_int(peer) or (peer not in range(ranks) or peer == rank if transfer else peer != -1):
-        need = f"another rank in 0..{ranks - 1}" if transfer else "-1 for compute"
+        need = f"another rank in 0..{ranks - 1}" if transfer else f"-1 for {lane}"
         raise TraceError(f"{where} has peer {peer!r}, need {need}")
     if not isinstance(overlapped, bool):
         raise TraceError(f"{where} has overlapped {overlapped!r}, need true or false")

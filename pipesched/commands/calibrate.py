@@ -13,8 +13,9 @@ import sys
 
 from pipesched.simulator.costs import save, to_dict
 
-from ..executor_args import (add_calibration_args, add_executor_args, calibration_options, check_launchable_ranks,
-                             import_executor, model_from_args, prepare_checked)
+from ..errors import UsageError
+from ..executor_args import (add_calibration_args, add_executor_args, bucket_of, calibration_options,
+                             check_launchable_ranks, import_executor, model_from_args, prepare_checked, replicas_of)
 from ..options import add_schedule_args, schedule_from_args
 from ..tables import print_costs
 from ..terminal import check_outputs, wrote
@@ -35,13 +36,21 @@ def run(args: argparse.Namespace) -> int:
     import_executor("calibrate")
     from pipesched.executor.calibrate import calibrate
     from pipesched.executor.comm import ExecutorError
+    from pipesched.executor.launch import under_torchrun
 
-    check_launchable_ranks(args.ranks)
+    replicas, bucket = replicas_of(args), bucket_of(args)
+    check_launchable_ranks(args.ranks, replicas)
     schedule = schedule_from_args(args)
     model = model_from_args(args, schedule)
-    prepare_checked(schedule, model, args.backend)
+    prepare_checked(schedule, model, args.backend, replicas)
+    if replicas > 1 and under_torchrun():
+        raise UsageError("calibrate --dp launches its own ranks twice; run it without torchrun")
     try:
-        costs = calibrate(schedule, model, calibration_options(args), args.backend)
+        if replicas > 1:
+            from pipesched.executor.dp_calibrate import calibrate_data_parallel
+            costs = calibrate_data_parallel(schedule, model, replicas, calibration_options(args), args.backend, bucket)
+        else:
+            costs = calibrate(schedule, model, calibration_options(args), args.backend)
     except ExecutorError as exc:
         print(f"pipesched: error: {exc}", file=sys.stderr)
         return 1

@@ -34,11 +34,11 @@ def run(args: argparse.Namespace) -> int:
     from pipesched.executor.comm import ExecutorError
     from pipesched.executor.job import start
 
-    check_launchable_ranks(args.ranks)
     options = run_options(args)
+    check_launchable_ranks(args.ranks, options.dp)
     schedule = schedule_from_args(args)
     model = model_from_args(args, schedule)
-    graph = prepare_checked(schedule, model, args.backend)
+    graph = prepare_checked(schedule, model, args.backend, options.dp)
     try:
         result = start(schedule, model, options, args.backend)
     except ExecutorError as exc:
@@ -64,6 +64,11 @@ def print_table(s: dict, model_stages: int) -> None:
     print(f"step time median {fmt_seconds(s['step_time_median'])} over {s['steps']} steps; median step: makespan "
           f"{fmt_seconds(s['makespan'])}, bubble {100 * s['bubble_ratio']:.2f} %, communication "
           f"{fmt_seconds(s['comm_time'])} ({100 * s['comm_hidden_fraction']:.1f} % hidden under compute)")
+    if s.get("data_parallel"):
+        d = s["data_parallel"]
+        print(f"data parallel: {d['degree']} replicas ({s['ranks'] * d['degree']} processes, the batch "
+              f"{s['microbatches'] * d['degree']} microbatches); replica 0's all-reduces {fmt_seconds(d['allreduce_time'])} "
+              f"over its ranks, {fmt_seconds(d['allreduce_exposed'])} exposed")
     print(f"{'rank':>4}  {'busy':>11}  {'idle':>11}  {'bubble':>7}  {'peak memory':>12}  {'overhead/op':>11}")
     for r in s["per_rank"]:
         print(f"{r['rank']:>4}  {fmt_seconds(r['busy']):>11}  {fmt_seconds(r['idle']):>11}  "

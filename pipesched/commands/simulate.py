@@ -55,12 +55,16 @@ def engine_label(trace: Trace) -> str:
     return f"{trace.meta['engine']} engine" + (f" ({choice})" if choice else "")
 
 
-def print_table(m: Metrics, engine: str, model_stages: int) -> None:
+def print_table(m: Metrics, engine: str, model_stages: int, data_parallel: dict | None = None) -> None:
     print(f"{printable(m.schedule)}: {m.ranks} ranks, {m.microbatches} microbatches, {model_stages} model stages, "
           f"{engine}")
     comm = (f"communication {fmt_seconds(m.comm_time)} ({100 * m.comm_hidden_fraction:.1f} % hidden under compute)"
             if m.comm_time > 0 else "communication free (no transfer costs given)")
     print(f"makespan {fmt_seconds(m.makespan)}, bubble {100 * m.bubble_ratio:.2f} %, {comm}")
+    if data_parallel is not None:
+        print(f"step tail: {data_parallel['degree']} data-parallel replicas, all-reduce "
+              f"{fmt_seconds(m.allreduce_time / m.ranks)} per rank on average, {fmt_seconds(m.allreduce_exposed)} "
+              "exposed (the step's extra length over free all-reduces); optimizer steps included")
     print(f"{'rank':>4}  {'busy':>11}  {'idle':>11}  {'bubble':>7}  {'peak memory':>12}")
     for r in m.per_rank:
         print(f"{r.rank:>4}  {fmt_seconds(r.busy):>11}  {fmt_seconds(r.idle):>11}  {100 * r.bubble_ratio:>6.2f}%  "
@@ -139,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             out["stochastic"] = stats.to_dict()
         print(json.dumps(out, indent=1))
         return 0
-    print_table(metrics, engine_label(trace), schedule.num_model_stages)
+    print_table(metrics, engine_label(trace), schedule.num_model_stages, trace.meta.get("data_parallel"))
     if stats:
         print(f"stochastic ({stats.runs} runs, cv {stats.cv:g}, seed {stats.seed}): makespan mean "
               f"{fmt_seconds(stats.mean)}, p50 {fmt_seconds(stats.p50)}, p95 {fmt_seconds(stats.p95)}, "

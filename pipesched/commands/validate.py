@@ -53,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
     from pipesched.simulator.costs import save
 
     options = run_options(args)
-    check_launchable_ranks(args.ranks)
+    check_launchable_ranks(args.ranks, options.dp)
     schedule = schedule_from_args(args)
     model = model_from_args(args, schedule)
-    prepare_checked(schedule, model, args.backend)
+    prepare_checked(schedule, model, args.backend, options.dp)
     calibration = calibration_options(args)
     out = make_out_folder(args.out)  # the last check before the long work
     try:
@@ -142,6 +142,11 @@ def print_report(s: dict, costs, replay: bool = False) -> None:
         demand = "" if h.get("gpu") else f" x {h['compute_demand']:g} threads"
         print(f"note: this run shared compute ({s['ranks']} ranks{demand} on {what}); the prediction models "
               "the sharing, timings on dedicated hardware will differ")
+    if s.get("data_parallel"):
+        d = s["data_parallel"]
+        print(f"data parallel: {d['degree']} replicas; the whole step is compared (all-reduce and optimizer "
+              f"included): all-reduce exposed {fmt_seconds(d['predicted_exposed'])} predicted, "
+              f"{fmt_seconds(d['measured_exposed'])} measured")
     p, m = s["predicted"], s["measured"]
     print(f"{'':<24}{'predicted':>12}{'measured':>12}{'error':>12}")
     print(f"{'makespan':<24}{fmt_seconds(p['makespan']):>12}{fmt_seconds(m['makespan']):>12}"

@@ -18,7 +18,7 @@ from pipesched.simulator.trace import Trace, TraceError
 from ..formatting import fmt_seconds
 from .legend import legend_handles
 from .memory import draw_memory, has_memory
-from .rows import RowLayout, draw_trace
+from .rows import RowLayout, draw_trace, has_allreduce
 from .style import save
 from .timeline import annotate_rows, drawable, figure_rows, finish
 
@@ -48,8 +48,10 @@ def plot_compare(predicted: Trace, measured: Trace, path: str | Path | None = No
     else:
         ax.set_xlim(0, window[1] - window[0])
     ax.set_ylim(p, 0)
-    bar = 0.4
-    layouts = [RowLayout(np.arange(p) + 0.05 + k * (bar + 0.04), bar=bar, lane=0.0) for k in range(2)]
+    dp = 0.06 if any(has_allreduce(part) for part, _, _ in parts) else 0.0  # each row's all-reduce lane
+    bar = 0.4 - dp
+    layouts = [RowLayout(np.arange(p) + 0.05 + k * (bar + dp + 0.04), bar=bar, lane=0.0, gap=0.0, dp=dp)
+               for k in range(2)]
     for (part, t0, t1), layout in zip(parts, layouts):
         draw_trace(ax, part, layout, t0, window=(t0, t1))
     ax.set_yticks(np.arange(p) + 0.5, [f"rank {r}" for r in range(p)], fontsize=8 if p <= 8 else 6.5)
@@ -58,7 +60,7 @@ def plot_compare(predicted: Trace, measured: Trace, path: str | Path | None = No
                       minor=True, fontsize=5.5, color="0.4")
     ax.tick_params(axis="y", which="both", length=0, pad=2)
     ax.tick_params(axis="y", which="major", pad=pad)
-    mid = RowLayout(np.arange(p) + 0.05, bar=2 * bar + 0.04, lane=0.0)
+    mid = RowLayout(np.arange(p) + 0.05, bar=2 * (bar + dp) + 0.04, lane=0.0)
     annotate_rows(ax, mid, [rank_note(r) for r in c.per_rank], 6.5 if p <= 8 else 5)
     if mem_ax is not None:
         draw_memory(mem_ax, [(parts[1][0], starts[1], "-"), (parts[0][0], starts[0], "--")], p)

@@ -8,10 +8,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from pipesched.schedules.ir import OPS
-from pipesched.simulator.trace import COMPUTE, Trace
+from pipesched.simulator.trace import ALLREDUCE, COMPUTE, SPAN_OPS, Trace
 
 from .rows import chunk_of_spans
-from .style import ARROW_COLOR, COMM_COLOR, IDLE_COLOR, OP_COLORS, OP_NAMES, PAIR_EDGE, shade
+from .style import ALLREDUCE_COLOR, ARROW_COLOR, COMM_COLOR, IDLE_COLOR, OP_COLORS, OP_NAMES, PAIR_EDGE, shade
 
 
 class PairHandle(Patch):
@@ -40,7 +40,7 @@ def legend_handles(traces: list[Trace], lanes: bool = True, arrows: bool = False
         second += trace.op[comp & trace.overlapped & (trace.op != OPS.index("F"))].tolist()
         chunks = max(chunks, chunk_of_spans(trace)[1])
     handles: list[Artist] = [Patch(facecolor=OP_COLORS[op], label=OP_NAMES[op])
-                             for i, op in enumerate(OPS) if i in present]
+                             for i, op in enumerate(SPAN_OPS) if i in present]
     if second:
         op = OPS[int(np.bincount(second).argmax())]
         handles.append(PairHandle(facecolor=OP_COLORS[op], label=f"F+{op} overlapped in one box"))
@@ -51,4 +51,6 @@ def legend_handles(traces: list[Trace], lanes: bool = True, arrows: bool = False
         handles.append(Line2D([], [], color=ARROW_COLOR, lw=0.8, label="transfer"))
     if lanes:
         handles.append(Patch(facecolor=COMM_COLOR, label="thin lanes: send, recv"))
+    if any((t.lane == ALLREDUCE).any() for t in traces):
+        handles.append(Patch(facecolor=ALLREDUCE_COLOR, label="lowest lane: DP all-reduce"))
     return handles

@@ -5,7 +5,8 @@ Each rank's row has a compute bar (ops coloured by kind, the rank's later virtua
 stages lighter, an overlapped pair as two halves of one outlined box, idle time grey)
 and, when transfers take time, two thin lanes under it: the rank's sends, then its
 receives, coloured by payload (activations like F, gradients like B). Transfers can
-also be drawn as lines from sender to receiver.
+also be drawn as lines from sender to receiver. A data-parallel step adds one more thin
+lane, its gradient all-reduces, under everything else.
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from matplotlib.collections import LineCollection, PolyCollection
 
 from pipesched.schedules.ir import OPS
 from pipesched.simulator.metrics import merged_intervals
-from pipesched.simulator.trace import COMPUTE, RECV, SEND, Trace
+from pipesched.simulator.trace import ALLREDUCE, COMPUTE, RECV, SEND, SPAN_OPS, Trace
 
 from .labels import draw_labels
-from .style import ARROW_COLOR, IDLE_COLOR, OP_COLORS, PAIR_EDGE, points_per_unit, shade
+from .style import ALLREDUCE_COLOR, ARROW_COLOR, IDLE_COLOR, OP_COLORS, PAIR_EDGE, points_per_unit, shade
 
 
 MIN_SEAMED_PT = 2.5  # ops narrower than this (points, the median) are drawn without seams
@@ -31,19 +32,23 @@ MIN_SEAMED_PT = 2.5  # ops narrower than this (points, the median) are drawn wit
 class RowLayout:
     """Where rank r is drawn, in y data units (the y axis points down): its compute bar
     spans top[r] .. top[r] + bar; the send and recv lanes (each `lane` high, 0 for none)
-    follow below it."""
+    follow below it, then the all-reduce lane (`dp` high, 0 for none)."""
 
     top: np.ndarray
     bar: float = 0.62
     lane: float = 0.1
     gap: float = 0.02
+    dp: float = 0.0
 
     def lane_top(self, lane: int) -> np.ndarray:
+        if lane == ALLREDUCE:
+            return self.top + self.bar + self.gap + 2 * self.lane
         return self.top + self.bar + self.gap + (0 if lane == SEND else self.lane)
 
     def bottom(self) -> np.ndarray:
         """Per rank, the lower edge of everything drawn for it."""
-        return self.top + self.bar + (self.gap + 2 * self.lane if self.lane > 0 else 0.0)
+        below = 2 * self.lane + self.dp
+        return self.top + self.bar + (self.gap + below if below > 0 else 0.0)
 
 
 class Boxes(NamedTuple):
@@ -57,15 +62,23 @@ class Boxes(NamedTuple):
     h: np.ndarray
 
 
-def layout_for(ranks: int, lanes: bool = True) -> RowLayout:
-    """The default rows: rank r within [r, r + 1), compute on top, send/recv lanes below."""
-    return RowLayout(np.arange(ranks, dtype=float) + 0.06, lane=0.1 if lanes else 0.0)
+def layout_for(ranks: int, lanes: bool = True, allreduce: bool = False) -> RowLayout:
+    """The default rows: rank r within [r, r + 1), compute on top, send/recv lanes below,
+    then (with `allreduce`) the all-reduce lane."""
+    return RowLayout(np.arange(ranks, dtype=float) + 0.06, bar=0.54 if allreduce else 0.62,
+                     lane=0.1 if lanes else 0.0, dp=0.1 if allreduce else 0.0)
 
 
 def has_comm(trace: Trace) -> bool:
     """Whether any transfer takes time (with free communication there is nothing to draw)."""
-    xfer = trace.lane != COMPUTE
+    xfer = (trace.lane == SEND) | (trace.lane == RECV)
     return bool(xfer.any() and (trace.end[xfer] - trace.start[xfer]).max() > 0)
+
+
+def has_allreduce(trace: Trace) -> bool:
+    """Whether the trace has a data-parallel all-reduce that takes time."""
+    ar = trace.lane == ALLREDUCE
+    return bool(ar.any() and (trace.end[ar] - trace.start[ar]).max() > 0)
 
 
 def chunk_of_spans(trace: Trace) -> tuple[np.ndarray, int]:
@@ -111,8 +124,9 @@ def draw_trace(ax: Axes, trace: Trace, layout: RowLayout, t0: float, *, window: 
     x, w = trace.start - t0, trace.end - trace.start
     y = layout.top[trace.rank]
     comp = trace.lane == COMPUTE
-    palette = np.array([[shade(OP_COLORS[op], c, chunks) for c in range(chunks)] for op in OPS])
+    palette = np.array([[shade(OP_COLORS[op], c, chunks) for c in range(chunks)] for op in SPAN_OPS])
     colors = palette[trace.op, chunk].reshape(-1, 3)
+    colors[trace.lane == ALLREDUCE] = np.asarray(shade(ALLREDUCE_COLOR, 0, 1))
     pt_x, _ = points_per_unit(ax)
     # white seams between neighbouring ops, never wide enough to eat a narrow op; none
     # where ops are too narrow to tell apart anyway (p=16, m=64), since there seams
@@ -127,7 +141,7 @@ def draw_trace(ax: Axes, trace: Trace, layout: RowLayout, t0: float, *, window: 
         ax.add_collection(coll)
         out[gid] = coll
 
-    for i, op in enumerate(OPS):
+    for i, op in enumerate(SPAN_OPS):
         idx = np.flatnonzero(comp & ~trace.overlapped & (trace.op == i))
         if len(idx):
             add(f"compute:{op}", idx, y[idx], layout.bar, edgecolors="white", linewidths=seam)
@@ -154,6 +168,11 @@ def draw_trace(ax: Axes, trace: Trace, layout: RowLayout, t0: float, *, window: 
             idx = np.flatnonzero(trace.lane == lane)
             if len(idx):
                 add(gid, idx, layout.lane_top(lane)[trace.rank[idx]], layout.lane, edgecolors="none")
+    if layout.dp > 0:
+        idx = np.flatnonzero(trace.lane == ALLREDUCE)
+        if len(idx):
+            add("allreduce", idx, layout.lane_top(ALLREDUCE)[trace.rank[idx]], layout.dp, edgecolors="white",
+                linewidths=min(0.3, seam))
     if arrows:
         out["arrows"] = _arrows(ax, trace, layout, t0)
 

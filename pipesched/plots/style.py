@@ -20,8 +20,10 @@ DPI = 150
 
 # Forward blue, backward warm, weight-gradient green: the convention of the zero-bubble
 # and DualPipe papers' figures, so people recognise them.
-OP_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32"}
-OP_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward"}
+OP_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32", "OPT": "#8a64b5"}
+OP_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward",
+            "OPT": "OPT optimizer step"}
+ALLREDUCE_COLOR = "#17a2b8"  # the data-parallel all-reduce lane
 IDLE_COLOR = "#d9d9d9"
 PAIR_EDGE = "#202020"
 ARROW_COLOR = "#303030"

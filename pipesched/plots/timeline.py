@@ -17,7 +17,7 @@ from pipesched.simulator.trace import COMPUTE, RECV, SEND, Trace, TraceError
 from ..formatting import fmt_seconds
 from .legend import HANDLER_MAP, legend_handles
 from .memory import draw_memory
-from .rows import RowLayout, draw_trace, has_comm, layout_for
+from .rows import RowLayout, draw_trace, has_allreduce, has_comm, layout_for
 from . import FigureError
 from .style import points_per_unit, save, time_axis
 
@@ -144,7 +144,7 @@ def plot_timeline(trace: Trace, path: str | Path | None = None, *, memory: bool 
     if arrows is None:
         arrows = lanes and int((part.lane == SEND).sum()) <= MAX_ARROWS
     fig, ax, mem_ax = figure_rows(trace.ranks, memory=memory, figsize=figsize)
-    layout = layout_for(trace.ranks, lanes)
+    layout = layout_for(trace.ranks, lanes, has_allreduce(part))
     right = t1 if window is not None else max(t1, float(part.end.max()))
     ax.set_xlim(0, (right - t0) * (1.0 if window is not None else 1.005))
     ax.set_ylim(trace.ranks, 0)

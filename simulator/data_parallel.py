@@ -1,0 +1,119 @@
+"""The step's tail under data parallelism: gradient all-reduces, then the optimizer step.
+
+With d replicas of the pipeline (p x d ranks) every replica runs the same timeline, so
+one replica is simulated and the tail is computed from its Trace, once, whichever engine
+made it. Per rank and per virtual stage it holds (each virtual stage keeps its own
+weights, so it is one all-reduce group's payload):
+
+- the stage's weight gradients (`StageCost.synced_bytes`) are all-reduced across the d
+  replicas as soon as the stage's last W or BW on the rank ends, in buckets
+  (`DataParallel.buckets`), each bucket one ring all-reduce of
+  2(d-1) * latency + 2(d-1)/d * bytes / bandwidth seconds (`DataParallel.allreduce_time`);
+- a rank runs one all-reduce at a time on its DP link (which no pipeline transfer uses),
+  stages in the order they became ready (ties: lower stage first);
+- then each stage's optimizer step (`StageCost.optimizer_time` seconds) runs on the
+  rank's compute lane, after the rank's last pipeline op and the stage's last bucket,
+  in the order the stages' all-reduces finished.
+
+Host time outside ops, shared compute and noise do not apply to the tail: it is added
+after the pipeline's timeline as these rules say. `exposed_allreduce` says how much
+longer the step is than if every all-reduce took no time.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from pipesched.schedules.ir import BW, OPS, W, Schedule
+
+from .costs import DataParallel, StageCost
+from .trace import ALLREDUCE, COMPUTE, OPTIMIZER, SPAN_OPS, Trace
+
+
+def has_tail(stage_costs: Sequence[StageCost], dp: DataParallel) -> bool:
+    """Whether the step has a tail: replicas to all-reduce with or an optimizer that takes time.
+    Without one the trace is the pipeline's alone (degree 1 changes nothing)."""
+    return dp.degree > 1 or any(c.optimizer_time > 0 for c in stage_costs)
+
+
+def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageCost], dp: DataParallel) -> Trace:
+    """`trace` (one replica's pipeline) with the all-reduce and optimizer spans of the
+    step's tail appended, and meta["data_parallel"] describing it. stage_costs: per
+    model stage (seconds, bytes)."""
+    rows: list[tuple] = []  # rank, lane, op, mb, stage, start, end
+    comp = np.flatnonzero(trace.lane == COMPUTE)
+    pipeline_end = np.full(schedule.ranks, -np.inf)
+    np.maximum.at(pipeline_end, trace.rank[comp], trace.end[comp])
+    # per (rank, stage), its last W or BW: one sort of the weight ops by (rank, stage, end)
+    weights = comp[np.isin(trace.op[comp], (OPS.index(W), OPS.index(BW)))]
+    key = trace.rank[weights].astype(np.int64) * len(schedule.stages) + trace.stage[weights]
+    weights = weights[np.lexsort((trace.end[weights], key))]
+    key = trace.rank[weights].astype(np.int64) * len(schedule.stages) + trace.stage[weights]
+    last_of_key = weights[np.flatnonzero(np.append(key[1:] != key[:-1], True))] if len(weights) else weights
+    ready_by_rank: dict[int, list[tuple[float, int, int]]] = {}
+    for i in last_of_key.tolist():  # (time its gradients are final, stage, op index of its last W/BW)
+        ready_by_rank.setdefault(int(trace.rank[i]), []).append((float(trace.end[i]), int(trace.stage[i]),
+                                                                 int(trace.op[i])))
+    for r in range(schedule.ranks):
+        if not np.isfinite(pipeline_end[r]):
+            continue
+        ready = sorted(ready_by_rank.get(r, []))
+        link_free = 0.0
+        synced = []  # (time its all-reduces finish, stage)
+        for t, v, op in ready:
+            cost = stage_costs[schedule.stages[v].model_stage]
+            done = t
+            for k, nbytes in enumerate(dp.buckets(cost.synced_bytes) if dp.degree > 1 else []):
+                start = max(done, link_free)
+                done = link_free = start + dp.allreduce_time(nbytes)
+                rows.append((r, ALLREDUCE, op, k, v, start, done))
+            synced.append((done, v))
+        free = float(pipeline_end[r])
+        for done, v in sorted(synced):
+            start = max(free, done)
+            free = start + stage_costs[schedule.stages[v].model_stage].optimizer_time
+            rows.append((r, COMPUTE, SPAN_OPS.index(OPTIMIZER), 0, v, start, free))
+    out = _appended(trace, rows)
+    out.meta["data_parallel"] = {
+        "degree": dp.degree, "latency": dp.latency,
+        "bandwidth": None if np.isinf(dp.bandwidth) else dp.bandwidth, "bucket_bytes": dp.bucket_bytes,
+        "exposed_allreduce": exposed_allreduce(out)}
+    return out
+
+
+def _appended(trace: Trace, rows: list[tuple]) -> Trace:
+    cols = list(zip(*rows)) if rows else [[]] * 7
+
+    def cat(old: np.ndarray, new, dtype) -> np.ndarray:
+        return np.concatenate((old, np.asarray(new, dtype=dtype)))
+
+    n = len(rows)
+    return Trace(trace.schedule, trace.ranks, trace.microbatches, trace.source,
+                 rank=cat(trace.rank, cols[0], np.int32), lane=cat(trace.lane, cols[1], np.int8),
+                 op=cat(trace.op, cols[2], np.int8), mb=cat(trace.mb, cols[3], np.int32),
+                 stage=cat(trace.stage, cols[4], np.int32), start=cat(trace.start, cols[5], np.float64),
+                 end=cat(trace.end, cols[6], np.float64), peer=cat(trace.peer, [-1] * n, np.int32),
+                 overlapped=cat(trace.overlapped, [False] * n, bool), memory=trace.memory, meta=dict(trace.meta))
+
+
+def exposed_allreduce(trace: Trace) -> float:
+    """Seconds the step (first op's start to the end of the last op, optimizer step or
+    all-reduce) lasts beyond what it would if every all-reduce took no time: then each
+    rank would end at its last pipeline op's end plus its optimizer steps. Works on
+    measured traces too; 0 without all-reduce spans."""
+    ar = trace.lane == ALLREDUCE
+    if not ar.any():
+        return 0.0
+    comp = trace.lane == COMPUTE
+    opt = comp & (trace.op == SPAN_OPS.index(OPTIMIZER))
+    pipe = comp & ~opt
+    step_end = max(float(trace.end[comp].max(initial=-np.inf)), float(trace.end[ar].max()))
+    free_end = -np.inf
+    for r in range(trace.ranks):
+        mine = pipe & (trace.rank == r)
+        if mine.any():
+            optimizer = opt & (trace.rank == r)
+            free_end = max(free_end, float(trace.end[mine].max())
+                           + float((trace.end[optimizer] - trace.start[optimizer]).sum()))
+    return max(0.0, step_end - free_end) if np.isfinite(free_end) else 0.0
