@@ -27,7 +27,7 @@ from .trace import COMPUTE, Trace
 
 def op_time_samples(schedule: Schedule, trace: Trace) -> dict[tuple[str, int], np.ndarray]:
     """(op, model stage) -> the measured durations (seconds) of those ops in `trace`."""
-    comp = np.flatnonzero(trace.lane == COMPUTE)
+    comp = np.flatnonzero((trace.lane == COMPUTE) & (trace.op < len(OPS)))  # not the optimizer step
     model = np.asarray([s.model_stage for s in schedule.stages], dtype=np.int64)
     if len(comp) and int(trace.stage[comp].max()) >= len(model):
         raise CostError(f"the run of {trace.schedule!r} has stages its schedule {schedule.name!r} lacks")
