@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from pipesched.schedules.ir import B, BW, F, W
+from pipesched.schedules.ir import B, BW, F, R, W
 from pipesched.schedules.numbers import is_int, is_real
 from pipesched.schedules.outputs import write_text
 
@@ -50,6 +50,14 @@ class StageCost:
     grad_accumulate: seconds of T_W / T_BW spent adding the weight gradients into those of
         earlier microbatches; the first W or BW of a stage in a step (on a rank) only
         keeps its gradients and takes that much less.
+    recompute: this stage recomputes its activations (an R before each backward) when a
+        schedule is built with these costs; `--recompute` turns it on for every stage.
+    recompute_fraction: T_R = recompute_fraction x T_F, seconds (1: full recomputation;
+        below 1: selective, only part of the forward, e.g. attention, is re-run).
+    recompute_memory: bytes an F of a recomputing stage keeps until its R (the stage
+        input, plus what selective recomputation does not re-create); None: the stage
+        input, i.e. the activation_bytes arriving from the previous model stage (0 for
+        the first, whose input is the data). R holds activation_memory in all.
     """
 
     forward: float = 1.0
@@ -62,11 +70,18 @@ class StageCost:
     weight_memory: float = 0.0
     param_bytes: float = 0.0
     grad_accumulate: float = 0.0
+    recompute: bool = False
+    recompute_fraction: float = 1.0
+    recompute_memory: float | None = None
 
     def check(self, where: str) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in ("backward_full", "gradient_bytes"):
+            if value is None and f.name in ("backward_full", "gradient_bytes", "recompute_memory"):
+                continue
+            if f.name == "recompute":
+                if not isinstance(value, bool):
+                    raise CostError(f"{where}.recompute must be true or false, got {value!r}")
                 continue
             if not is_real(value):
                 raise CostError(f"{where}.{f.name} must be a number, got {value!r}")
@@ -80,7 +95,8 @@ class StageCost:
             backward_weight=self.backward_weight * k,
             backward_full=None if self.backward_full is None else self.backward_full * k,
             activation_memory=self.activation_memory * k, weight_memory=self.weight_memory * k,
-            param_bytes=self.param_bytes * k, grad_accumulate=self.grad_accumulate * k)
+            param_bytes=self.param_bytes * k, grad_accumulate=self.grad_accumulate * k,
+            recompute_memory=None if self.recompute_memory is None else self.recompute_memory * k)
 
     def op_time(self, op: str) -> float:
         if op == F:
@@ -91,6 +107,8 @@ class StageCost:
             return self.backward_weight
         if op == BW:
             return self.backward_input + self.backward_weight if self.backward_full is None else self.backward_full
+        if op == R:
+            return self.forward * self.recompute_fraction
         raise CostError(f"unknown op {op!r}")
 
 
@@ -289,6 +307,10 @@ class CostModel:
         return [self.stages[0 if len(self.stages) == 1 else min(ranks - 1, int(ms * ranks // num_model_stages))].scaled(k)
                 for ms in range(num_model_stages)]
 
+    def recomputed_stages(self, ranks: int, num_model_stages: int) -> set[int]:
+        """The model stages whose costs ask for recomputation (`StageCost.recompute`)."""
+        return {k for k, c in enumerate(self.model_stage_costs(ranks, num_model_stages)) if c.recompute}
+
     def op_time_for(self, ranks: int):
         """op_time(op, model_stage, num_model_stages) -> seconds, for cost-adaptive builders."""
         cache: dict[int, list[StageCost]] = {}
@@ -326,7 +348,8 @@ _OVERLAP_WORDS = {"serial": 0.0, "perfect": 1.0}
 # fields a hand-written file may give with a unit ("12ms", "128MiB", "50GB/s")
 _SECONDS = {"forward", "backward_input", "backward_weight", "backward_full", "grad_accumulate", "latency",
             "op_overhead", "per_op", "per_send", "per_recv", "send_start", "per_take"}
-_BYTES = {"activation_bytes", "gradient_bytes", "activation_memory", "weight_memory", "param_bytes"}
+_BYTES = {"activation_bytes", "gradient_bytes", "activation_memory", "weight_memory", "param_bytes",
+          "recompute_memory"}
 
 
 def _units(data: Any, where: str) -> Any:
@@ -444,8 +467,12 @@ def from_dict(data: Any) -> CostModel:
 
 def to_dict(model: CostModel) -> dict:
     """The `pipesched.costs/1` document of a cost model (round-trips through from_dict)."""
+    defaults = StageCost()
+
     def stage(s: StageCost) -> dict:
-        return {f.name: getattr(s, f.name) for f in fields(StageCost) if getattr(s, f.name) is not None}
+        # the recompute options only when set, so files of models without them stay as they were
+        return {f.name: getattr(s, f.name) for f in fields(StageCost) if getattr(s, f.name) is not None
+                and not (f.name.startswith("recompute") and getattr(s, f.name) == getattr(defaults, f.name))}
 
     def link(l: Link) -> dict:
         d = {"latency": l.latency}
