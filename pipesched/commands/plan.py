@@ -296,7 +296,7 @@ def show_table(args, found, fitting, front, best, budget: Budget, samples, costs
     print(f"plan for p={args.ranks}, budget {budget.describe()}: {len(found)} candidates, {len(fitting)} fit, "
           f"{dropped} over the budget, {failed} not buildable"
           + (", each without and with recomputation" if len({c.recompute for c in found}) > 1 else ""))
-    head = f"{'#':>3} {'schedule':<17} {'m':>4} {'v':>2}  {'makespan':>10}  {'throughput':>12}  {'bubble':>7}  "
+    head = f"{'#':>3} {'schedule':<20} {'m':>4} {'v':>2}  {'makespan':>10}  {'throughput':>12}  {'bubble':>7}  "
     head += f"{'peak mem':>10}  " if bytes_given else ""
     head += f"{'activ.':>6}  {'headroom':>10}  {'p95':>10}"
     print(head)
@@ -313,7 +313,7 @@ def show_table(args, found, fitting, front, best, budget: Budget, samples, costs
             shown = f"zb-auto={r.schedule.params['origin']}"  # the search kept a built-in's order
         if c.recompute:
             shown += " +R"
-        line = (f"{i:>3} {shown:<17} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
+        line = (f"{i:>3} {shown:<20} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
                 f"{c.throughput(samples):>8.4g} {unit:<3}  {100 * r.bubble:>6.2f}%  ")
         line += f"{fmt_bytes(r.peak_bytes):>10}  " if bytes_given else ""
         line += f"{r.peak_activations:>6g}  {room:>10}  {fmt_seconds(c.p95) if c.p95 else '-':>10}"
