@@ -19,9 +19,10 @@ FORMATS = (".png", ".svg", ".pdf")
 DPI = 150
 
 # Forward blue, backward warm, weight-gradient green: the convention of the zero-bubble
-# and DualPipe papers' figures, so people recognise them.
-OP_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32"}
-OP_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward"}
+# and DualPipe papers' figures, so people recognise them; recompute purple, apart from all.
+OP_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32", "R": "#8e5fb8"}
+OP_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward",
+            "R": "R recompute forward"}
 IDLE_COLOR = "#d9d9d9"
 PAIR_EDGE = "#202020"
 ARROW_COLOR = "#303030"
