@@ -69,12 +69,14 @@ def Progress(total: int, stream: TextIO | None = None, label: str = "sweep") -> 
 class Row:
     """One simulated point: the chart's SweepPoint plus what the chart does not draw.
     `v`: chunks per rank; `activations`: most microbatches of one pipeline stage's
-    activations a rank holds (1F1B holds p); `fits`: within the memory budget."""
+    activations a rank holds (1F1B holds p); `fits`: within the memory budget; `recompute`:
+    every model stage recomputes (the point's schedule is named NAME+recompute)."""
 
     point: object  # plots.sweep.SweepPoint
     v: int | None
     activations: float = float("nan")
     fits: bool = True
+    recompute: bool = False
 
 
 def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], costs: CostModel,
