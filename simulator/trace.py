@@ -37,7 +37,7 @@ class TraceError(ValueError):
 class Span(NamedTuple):
     rank: int
     lane: int      # COMPUTE, SEND or RECV
-    op: str        # F, B, W or BW (for transfers: the op that produced the payload)
+    op: str        # F, B, W, BW or R (for transfers: the op that produced the payload)
     mb: int
     stage: int     # virtual stage index
     start: float   # seconds
