@@ -73,6 +73,9 @@ class Evaluation:
     peak_bytes: float
     peak_activations: float
     fits: bool
+    # the schedule as built, when `schedule` is it with R ops added: kept alive because
+    # evaluations are filed by id() of the built schedule, which must not be reused
+    built: Schedule | None = None
 
 
 def engine_for(costs: CostModel) -> str:
@@ -137,7 +140,8 @@ def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None 
     def score(schedule: Schedule) -> float:
         ev = seen.get(id(schedule))
         if ev is None:
-            ev = seen[id(schedule)] = evaluate(with_recompute(schedule, costs, recompute), costs, budget)
+            ev = seen[id(schedule)] = replace(evaluate(with_recompute(schedule, costs, recompute), costs, budget),
+                                              built=schedule)
         return ev.makespan if budget.admits(ev.peak_bytes, ev.peak_activations) else math.inf
 
     return score

@@ -56,10 +56,11 @@ def add_recompute_arg(parser: argparse.ArgumentParser, search: bool = False, def
     """--recompute: every model stage recomputes its activations (an R op before each
     backward); with `search` (sweep, plan) the schedules are tried both without and with."""
     if search:
-        parser.add_argument("--recompute", choices=("auto", "off", "on", "both")[default != "auto":], default=default,
-                            help="recompute activations of every model stage: off, on, or both to compare"
-                                 + (" (default auto: both under a memory budget, else off)" if default == "auto"
-                                    else f" (default {default})"))
+        choices = ("auto", "off", "on", "both") if default == "auto" else ("off", "on", "both")
+        default_help = "auto: both under a memory budget, else off" if default == "auto" else default
+        parser.add_argument("--recompute", choices=choices, default=default,
+                            help=f"recompute activations of every model stage: off, on, or both to compare "
+                                 f"(default {default_help})")
         return
     parser.add_argument("--recompute", action="store_true",
                         help="recompute activations: F keeps only its stage input, an R op re-runs it right before "

@@ -28,6 +28,7 @@ from ..options import (COST_DESTS, add_budget_args, add_cost_args, add_recompute
 from ..terminal import Progress, check_outputs
 
 JITTER_RUNS, JITTER_CV, JITTER_TOP = 20, 0.1, 3  # p95 of the makespan for the best few
+RESCUES_SHOWN = 5  # schedules named as fitting only with recomputation, fastest first
 
 
 def add_parser(sub) -> None:
@@ -323,12 +324,14 @@ def show_table(args, found, fitting, front, best, budget: Budget, samples, costs
     print("Pareto front (throughput against peak memory): " + ", ".join(
         f"{c.schedule} m={c.microbatches} v={c.v} ({c.throughput(samples):.4g} {unit}, "
         f"{fmt_bytes(c.result.peak_bytes) if bytes_given else f'{c.result.peak_activations:g} mb'})" for c in front))
-    rescued = recompute_rescues(found)
+    rescued = sorted(recompute_rescues(found), key=lambda pair: -pair[0].throughput(samples))
     if rescued:
+        more = f", and {len(rescued) - RESCUES_SHOWN} more" if len(rescued) > RESCUES_SHOWN else ""
+        rescued = rescued[:RESCUES_SHOWN]
         print("fit only with recomputation (+R: every model stage recomputes its activations before its backward): "
               + ", ".join(f"{c.schedule} m={c.microbatches} v={c.v} ({fmt_bytes(c.result.peak_bytes) if bytes_given else f'{c.result.peak_activations:g} mb'} "
                           f"with, {fmt_bytes(without.result.peak_bytes) if bytes_given else f'{without.result.peak_activations:g} mb'} without)"
-                          for c, without in rescued))
+                          for c, without in rescued) + more)
     print(f"p95: makespan of {JITTER_RUNS} runs with op times jittered by cv {JITTER_CV} (best {JITTER_TOP} only); "
           "activ.: microbatches of one pipeline stage's activations held (1F1B holds p)")
     origin = f" (built from {best.result.schedule.params['origin']})" if best.schedule == "zb-auto" else ""
