@@ -97,12 +97,16 @@ def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget()) ->
     return Evaluation(schedule, makespan, bubble, peak, acts, budget.admits(peak, acts))
 
 
+def _marks_recompute(costs: CostModel) -> bool:
+    return any(c.recompute for c in (*costs.stages, *(costs.model_stages or ())))
+
+
 def recompute_choice(schedule: Schedule, costs: CostModel | None, recompute: bool) -> bool | set[int]:
     """Which model stages of `schedule` recompute: all with `recompute` (--recompute),
     else those the costs mark (`StageCost.recompute`)."""
     if recompute:
         return True
-    if costs is None or not any(c.recompute for c in (*costs.stages, *(costs.model_stages or ()))):
+    if costs is None or not _marks_recompute(costs):
         return False
     return costs.recomputed_stages(schedule.ranks, schedule.num_model_stages)
 
@@ -126,7 +130,7 @@ def recompute_op_time(op_time: OpTime, costs: CostModel, ranks: int, recompute: 
                 t += op_time("R", model_stage, num_model_stages)
         return t
 
-    if not recompute and not any(c.recompute for c in (*costs.stages, *(costs.model_stages or ()))):
+    if not recompute and not _marks_recompute(costs):
         return op_time
     return timed
 
@@ -162,9 +166,8 @@ def build_within(name: str, ranks: int, microbatches: int, chunks: int | None, c
         winner = with_recompute(schedule, costs, recompute)
         # zb-auto returns its winner renamed: file the winner's evaluation under it too
         for ev in list(seen.values()):
-            if ev.schedule.programs is schedule.programs or (winner is not schedule and ev.schedule.params.get(
-                    "recompute") is not None and ev.schedule.programs == winner.programs):
-                seen[id(winner)] = replace(ev, schedule=winner)
+            if (ev.built or ev.schedule).programs is schedule.programs:
+                seen[id(winner)] = replace(ev, schedule=winner, built=schedule)
                 break
         return winner
     schedule = with_recompute(build(name, ranks, microbatches, chunks, op_time), costs, recompute)
