@@ -257,4 +257,7 @@ def test_api_build_recompute():
 def test_bad_recompute_flag_is_one_line(capsys):
     assert main(["sweep", "-p", "4", "-m", "8", "--recompute", "maybe"]) == 2
     err = capsys.readouterr().err
-    assert "--recompute" in err and "invalid choice" in err
+    assert err.count("\n") == 1 and "--recompute" in err and "invalid choice" in err
+    assert main(["simulate", "1f1b", "-p", "2", "-m", "2", "--recompute=yes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--recompute" in err
