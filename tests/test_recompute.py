@@ -261,3 +261,16 @@ def test_bad_recompute_flag_is_one_line(capsys):
     assert main(["simulate", "1f1b", "-p", "2", "-m", "2", "--recompute=yes"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--recompute" in err
+
+
+def test_figures_draw_r_in_its_own_colour(tmp_path):
+    from pipesched.plots.legend import legend_handles
+    from pipesched.plots.style import OP_COLORS
+
+    trace = simulate(add_recompute(build("zb-h1", 2, 4)), uniform())
+    labels = [h.get_label() for h in legend_handles([trace])]
+    assert "R recompute forward" in labels
+    assert OP_COLORS["R"] not in [c for op, c in OP_COLORS.items() if op != "R"]
+    out = tmp_path / "rc.png"
+    ps.plot(trace, out)
+    assert out.stat().st_size > 0
