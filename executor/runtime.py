@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from pipesched.schedules.graph import ACTIVATION, LOCAL, TaskGraph
-from pipesched.schedules.ir import B, BW, F, W, Task
+from pipesched.schedules.ir import B, BW, F, R, W, Task
 from pipesched.simulator.posting import receive_posts
 
 from . import replicas
@@ -137,6 +137,8 @@ class RankRuntime:
         self.local: dict[int, Any] = {}
         self.local_keys: dict[int, int | None] = {}
         self.arrived: dict[int, Any] = {}  # received ahead of their op (the inputs of a pair)
+        # (microbatch, virtual stage) whose F runs without a graph: an R re-runs it before the backward
+        self.recomputed = {(t.mb, t.stage) for t in graph.tasks if t.op == R and sched.stages[t.stage].rank == rank}
 
     # --- one step ---------------------------------------------------------------------
 
@@ -232,7 +234,7 @@ class RankRuntime:
             value = self._take(e)
             if task.op == F:
                 x = value
-            elif src.op == F or task.op == W:
+            elif src.op in (F, R) or task.op == W:
                 state = value
             else:
                 grad = value
@@ -242,7 +244,13 @@ class RankRuntime:
         if task.op == F:
             if x is None:
                 x = self.inputs[task.mb]
-            state, out = sm.forward(task.mb, x, self.targets[task.mb] if sm.is_last else None)
+            target = self.targets[task.mb] if sm.is_last else None
+            if (task.mb, task.stage) in self.recomputed:
+                state, out = sm.forward_for_recompute(task.mb, x, target)
+            else:
+                state, out = sm.forward(task.mb, x, target)
+        elif task.op == R:
+            state = sm.recompute(state, self.targets[task.mb] if sm.is_last else None)
         elif task.op == BW:
             out = sm.backward_full(state, grad)
         elif task.op == B:
@@ -253,9 +261,12 @@ class RankRuntime:
         self.op_time += now() - entered
         # bookkeeping outside the op's span, so a span is the op alone (as calibration times it)
         if task.op == F:
-            self.forward_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, []))
+            if (task.mb, task.stage) not in self.recomputed:
+                self.forward_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, []))
             if state.loss is not None:
                 losses[task.mb] = state.loss
+        elif task.op == R:  # what F saves without recomputation
+            self.forward_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, []))
         elif task.op == B:
             self.kept_bytes.setdefault(sm.model_stage, []).append(held_bytes(state.boxes, state.groups))
         sends: list = []

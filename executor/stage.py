@@ -1,4 +1,8 @@
-"""One model stage on one rank: F, the fused BW, the split B and W.
+"""One model stage on one rank: F, the fused BW, the split B and W, and R.
+
+A recomputed stage runs F under no_grad keeping only its input (and the RNG state), and
+R re-runs the forward with autograd right before the backward, which then proceeds as
+without recomputation (fused or split).
 
 Every virtual stage of a rank that runs the same model stage shares one `StageModule`
 (so their gradients add up in the same `.grad`). Tensors autograd saves during F go
@@ -73,6 +77,7 @@ class ForwardState:
     x_key: int | None
     boxes: list[weakref.ref]     # to the SavedBoxes of this F (the graph holds them)
     loss: Tensor | None = None   # the scaled microbatch loss on the last stage
+    rng: tuple | None = None     # a no-grad F for recomputation: the RNG states to replay in R
 
 
 @dataclass
@@ -121,6 +126,31 @@ class StageModule:
                              None if keep_x is None else ledger.hold(keep_x), boxes,
                              None if loss is None else loss.detach())
         return state, None if self.is_last else y.detach()
+
+    def forward_for_recompute(self, mb: int, x: Tensor, target: Tensor | None) -> tuple[ForwardState, Tensor | None]:
+        """F of a recomputed stage: the output without a graph; only the input (held in
+        the ledger unless it is the data) and the RNG states are kept for R."""
+        rng = (torch.get_rng_state(), torch.cuda.get_rng_state(x.device) if x.device.type == "cuda" else None)
+        with torch.no_grad():
+            y = self.module(x)
+            loss = self.loss_fn(y, target) * self.loss_scale if self.is_last else None
+        key = None if self.is_first else self.ledger.hold(x)
+        state = ForwardState(mb, None, x, key, [], None if loss is None else loss.detach(), rng)
+        return state, None if self.is_last else y
+
+    def recompute(self, state: ForwardState, target: Tensor | None) -> ForwardState:
+        """R: the forward again with autograd, from the input F kept and with F's RNG
+        states (so dropout draws the same masks): the state a normal F leaves."""
+        cpu, device = state.rng
+        x = state.x.detach() if self.is_first else state.x
+        with torch.random.fork_rng(devices=[x.device] if device is not None else []):
+            torch.set_rng_state(cpu)
+            if device is not None:
+                torch.cuda.set_rng_state(device, x.device)
+            full, _ = self.forward(state.mb, x, target)
+        self.ledger.release(state.x_key)  # `full` holds the input now
+        state.x, state.x_key = None, None
+        return full
 
     def output_grad(self, state: ForwardState, grad: Tensor | None) -> Tensor:
         if self.is_last:

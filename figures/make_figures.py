@@ -3,6 +3,8 @@
 Uses only pipesched's public API and command line. Writes into this folder:
   schedules.png  every built-in schedule at p=4, m=8, on one time axis;
   dualpipe.png   DualPipe at p=4, m=8 in full: transfers and memory per rank;
+  recompute.png  1F1B, ZB-H2 and ZB-H2 with activation recomputation (R ops, purple) at
+                 p=4, m=8 on one time axis, each headed by its peak memory;
   sweep.png      bubble and peak memory against m for every schedule at p=4, and
                  makespan against peak memory at m=32 (the Pareto front);
   vs_torch.png   our schedules against torch.distributed.pipelining's of the same name,
@@ -66,6 +68,16 @@ def dualpipe() -> Path:
     return out
 
 
+def recompute() -> Path:
+    """Does ZB-H2 with recomputation fit where 1F1B does, and is it still faster?"""
+    traces = [simulate(ps.build(name, P, M, costs=COSTS, recompute=rc), COSTS)
+              for name, rc in (("1f1b", False), ("zb-h2", False), ("zb-h2", True))]
+    out = HERE / "recompute.png"
+    plot_gallery(traces, out, title=f"activation recomputation at p={P}, m={M}: R (purple) re-runs F before "
+                                    "each backward; F keeps only its input")
+    return out
+
+
 def sweep() -> Path:
     out = HERE / "sweep.png"
     cli("sweep", "-p", str(P), "--microbatches", "4,8,16,32,64", *COST_FLAGS, "--pareto-m", "32", "--plot", str(out))
@@ -113,7 +125,7 @@ def measured() -> Path | None:
 
 
 def main() -> int:
-    for make in (schedules, dualpipe, sweep, vs_torch, measured):
+    for make in (schedules, dualpipe, recompute, sweep, vs_torch, measured):
         out = make()
         if out is not None:
             print(f"wrote {out.relative_to(HERE.parent)} ({out.stat().st_size // 1024} KiB)")

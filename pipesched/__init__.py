@@ -15,11 +15,12 @@ when called. Units everywhere: seconds, bytes, bytes per second.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .schedules import fileformat as _fileformat
 from .schedules.graph import TaskGraph
 from .schedules.ir import Overlap, Schedule, ScheduleError, Task, VirtualStage
+from .schedules.recompute import add_recompute
 from .schedules.registry import BUILDERS
 from .schedules.registry import build as _build
 from .schedules.validate import validate as _check
@@ -62,20 +63,27 @@ def schedule_names() -> list[str]:
 
 def build(name: str, ranks: int, microbatches: int, chunks: int | None = None, *,
           costs: CostModel | None = None, max_activations: float | None = None,
-          memory_limit: float | None = None) -> Schedule:
+          memory_limit: float | None = None, recompute: bool | Iterable[int] = False) -> Schedule:
     """A built-in schedule for `ranks` ranks and `microbatches` microbatches; `chunks` is v
     for schedules that take it. With `costs`, schedules that adapt to op durations
     (zb-h2, zb-v, v-half, v-min, zb-auto) order their ops for them, exactly as the command
     line does. `max_activations` (microbatches of one pipeline stage's activations; 1F1B
     holds p) and `memory_limit` (bytes per rank, under `costs`) bound zb-auto's search;
-    any other schedule over them is refused (ValueError)."""
-    from .budget import Budget, build_within
+    any other schedule over them is refused (ValueError). `recompute`: True recomputes
+    every model stage's activations (an R op before each backward, see
+    docs/recompute.md), an iterable of model stage indices only those; False (default)
+    only the stages `costs` mark (`StageCost.recompute`)."""
+    from .budget import Budget, build_within, check_fits
 
     budget = Budget(max_activations, memory_limit)
+    if recompute is not True and recompute is not False:  # some model stages: built, then transformed
+        schedule = add_recompute(build(name, ranks, microbatches, chunks, costs=costs), recompute)
+        check_fits(schedule, costs, budget)
+        return schedule
     if costs is None and not budget:
-        return _build(name, ranks, microbatches, chunks)
+        return add_recompute(_build(name, ranks, microbatches, chunks), recompute)
     costs = _costs.CostModel() if costs is None else costs.check()
-    return build_within(name, ranks, microbatches, chunks, costs, budget)
+    return build_within(name, ranks, microbatches, chunks, costs, budget, recompute=recompute)
 
 
 def check_schedule(schedule: Schedule) -> TaskGraph:

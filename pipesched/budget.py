@@ -14,7 +14,9 @@ import numpy as np
 
 from pipesched.schedules.activations import peak_activations
 from pipesched.schedules.ir import Schedule
+from pipesched.schedules.recompute import add_recompute
 from pipesched.schedules.registry import BUILDERS, build
+from pipesched.schedules.timeline import OpTime
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostModel
@@ -71,6 +73,9 @@ class Evaluation:
     peak_bytes: float
     peak_activations: float
     fits: bool
+    # the schedule as built, when `schedule` is it with R ops added: kept alive because
+    # evaluations are filed by id() of the built schedule, which must not be reused
+    built: Schedule | None = None
 
 
 def engine_for(costs: CostModel) -> str:
@@ -92,15 +97,55 @@ def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget()) ->
     return Evaluation(schedule, makespan, bubble, peak, acts, budget.admits(peak, acts))
 
 
-def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None = None):
+def _marks_recompute(costs: CostModel) -> bool:
+    return any(c.recompute for c in (*costs.stages, *(costs.model_stages or ())))
+
+
+def recompute_choice(schedule: Schedule, costs: CostModel | None, recompute: bool) -> bool | set[int]:
+    """Which model stages of `schedule` recompute: all with `recompute` (--recompute),
+    else those the costs mark (`StageCost.recompute`)."""
+    if recompute:
+        return True
+    if costs is None or not _marks_recompute(costs):
+        return False
+    return costs.recomputed_stages(schedule.ranks, schedule.num_model_stages)
+
+
+def with_recompute(schedule: Schedule, costs: CostModel | None, recompute: bool) -> Schedule:
+    """`schedule` with R ops for the stages `recompute_choice` names."""
+    return add_recompute(schedule, recompute_choice(schedule, costs, recompute))
+
+
+def recompute_op_time(op_time: OpTime, costs: CostModel, ranks: int, recompute: bool) -> OpTime:
+    """Op times for cost-adaptive builders when stages recompute: a recomputed stage's
+    backward (B or BW) costs its R too, since R runs right before it."""
+    marked: dict[int, set[int]] = {}  # num_model_stages -> the stages the costs mark
+
+    def timed(op: str, model_stage: int, num_model_stages: int) -> float:
+        t = op_time(op, model_stage, num_model_stages)
+        if op in ("B", "BW"):
+            if not recompute and num_model_stages not in marked:
+                marked[num_model_stages] = costs.recomputed_stages(ranks, num_model_stages)
+            if recompute or model_stage in marked[num_model_stages]:
+                t += op_time("R", model_stage, num_model_stages)
+        return t
+
+    if not recompute and not _marks_recompute(costs):
+        return op_time
+    return timed
+
+
+def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None = None, recompute: bool = False):
     """zb-auto's score: the simulated makespan under `costs`, inf when over `budget`.
-    `seen` collects every evaluation by id(schedule)."""
+    `seen` collects every evaluation by id(schedule). With `recompute` (or stages the
+    costs mark), a candidate is scored with its R ops added."""
     seen = {} if seen is None else seen
 
     def score(schedule: Schedule) -> float:
         ev = seen.get(id(schedule))
         if ev is None:
-            ev = seen[id(schedule)] = evaluate(schedule, costs, budget)
+            ev = seen[id(schedule)] = replace(evaluate(with_recompute(schedule, costs, recompute), costs, budget),
+                                              built=schedule)
         return ev.makespan if budget.admits(ev.peak_bytes, ev.peak_activations) else math.inf
 
     return score
@@ -108,21 +153,24 @@ def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None 
 
 def build_within(name: str, ranks: int, microbatches: int, chunks: int | None, costs: CostModel,
                  budget: Budget, builtins: list[Schedule] | None = None,
-                 seen: dict[int, Evaluation] | None = None) -> Schedule:
+                 seen: dict[int, Evaluation] | None = None, recompute: bool = False) -> Schedule:
     """Build a built-in for `costs`; zb-auto searches under `budget`, any other schedule
-    is refused (UsageError) when it does not fit."""
-    op_time = costs.op_time_for(ranks)
+    is refused (UsageError) when it does not fit. With `recompute` every model stage
+    recomputes (else the stages the costs mark): R ops are added after building, and
+    cost-adaptive builders order for backwards that include their R."""
+    op_time = recompute_op_time(costs.op_time_for(ranks), costs, ranks, recompute)
     if name in BUILDERS and BUILDERS[name].searches:
         seen = {} if seen is None else seen
         schedule = build(name, ranks, microbatches, chunks, op_time, max_activations=budget.activation_limit(costs),
-                         score=scorer(costs, budget, seen), builtins=builtins)
+                         score=scorer(costs, budget, seen, recompute), builtins=builtins)
+        winner = with_recompute(schedule, costs, recompute)
         # zb-auto returns its winner renamed: file the winner's evaluation under it too
         for ev in list(seen.values()):
-            if ev.schedule.programs is schedule.programs:
-                seen[id(schedule)] = replace(ev, schedule=schedule)
+            if (ev.built or ev.schedule).programs is schedule.programs:
+                seen[id(winner)] = replace(ev, schedule=winner, built=schedule)
                 break
-        return schedule
-    schedule = build(name, ranks, microbatches, chunks, op_time)
+        return winner
+    schedule = with_recompute(build(name, ranks, microbatches, chunks, op_time), costs, recompute)
     check_fits(schedule, costs, budget)
     return schedule
 

@@ -13,7 +13,7 @@ from pipesched.simulator import costs as cost_files
 from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 from pipesched.simulator.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
-from .budget import Budget, build_within, check_fits
+from .budget import Budget, build_within, check_fits, with_recompute
 from .dp_options import add_dp_args, apply_dp_args
 from .errors import UsageError
 
@@ -47,9 +47,33 @@ def add_schedule_args(parser: argparse.ArgumentParser, metavar: str = "SCHEDULE|
     parser.add_argument("-p", "--ranks", type=int, help="pipeline ranks")
     parser.add_argument("-m", "--microbatches", type=int, help="microbatches per step")
     parser.add_argument("-v", "--chunks", type=int, help="chunks (virtual stages) per rank")
+    add_recompute_arg(parser)
     if costs:
         add_budget_args(parser)
         add_cost_args(parser)
+
+
+def add_recompute_arg(parser: argparse.ArgumentParser, search: bool = False, default: str = "off") -> None:
+    """--recompute: every model stage recomputes its activations (an R op before each
+    backward); with `search` (sweep, plan) the schedules are tried both without and with."""
+    if search:
+        choices = ("auto", "off", "on", "both") if default == "auto" else ("off", "on", "both")
+        default_help = "auto: both under a memory budget, else off" if default == "auto" else default
+        parser.add_argument("--recompute", choices=choices, default=default,
+                            help=f"recompute activations of every model stage: off, on, or both to compare "
+                                 f"(default {default_help})")
+        return
+    parser.add_argument("--recompute", action="store_true",
+                        help="recompute activations: F keeps only its stage input, an R op re-runs it right before "
+                             "each backward (every model stage; a cost file can mark single stages)")
+
+
+def recompute_modes(choice: str, budget: Budget = Budget()) -> tuple[bool, ...]:
+    """The recompute settings a searching command tries for --recompute off|on|both
+    (auto: both under a memory budget, where recomputing can make a schedule fit, else off)."""
+    if choice == "auto":
+        choice = "both" if budget else "off"
+    return {"off": (False,), "on": (True,), "both": (False, True)}[choice]
 
 
 def add_budget_args(parser: argparse.ArgumentParser) -> None:
@@ -76,10 +100,12 @@ def cost_flags_given(args: argparse.Namespace) -> bool:
 
 
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks: int | None,
-                  costs: CostModel | None = None, budget: Budget = Budget()) -> Schedule:
+                  costs: CostModel | None = None, budget: Budget = Budget(), recompute: bool = False) -> Schedule:
     """A schedule from a name, torch:NAME, a schedule file or a torch CSV. Built-in
     schedules that adapt to costs are built for `costs`' op durations; zb-auto searches
-    under `budget` and any other schedule must fit it (UsageError)."""
+    under `budget` and any other schedule must fit it (UsageError). `recompute`: every
+    model stage recomputes (R ops added, `schedules.recompute`); without it the stages
+    `costs` mark recompute do."""
     path = Path(spec)
     if path.is_dir():
         raise UsageError(f"schedule {spec!r} is a directory; give a built-in name or a schedule file")
@@ -93,6 +119,7 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
                 raise UsageError(f"{spec} has {have} for {flag}, but {flag} {asked} was given")
         if chunks is not None:
             raise UsageError(f"-v does not apply to a schedule file: {spec}'s virtual stages are in the file")
+        schedule = with_recompute(schedule, costs, recompute)
         check_fits(schedule, costs, budget)
         return schedule
     if ranks is None or microbatches is None:
@@ -104,12 +131,12 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
             raise UsageError(f"{spec} needs torch (pip install 'pipesched[torch]'): {exc}") from None
         if ranks > 0 and microbatches > 0 and (chunks or 2) > 0:
             check_size(spec, 3 * ranks * microbatches * (chunks or 2))  # torch's have at most 2 chunks unless -v
-        schedule = torch_schedule(spec[len("torch:"):], ranks, microbatches, chunks)
+        schedule = with_recompute(torch_schedule(spec[len("torch:"):], ranks, microbatches, chunks), costs, recompute)
         check_fits(schedule, costs, budget)
         return schedule
     if costs is None and not budget:
-        return build(spec, ranks, microbatches, chunks)
-    return build_within(spec, ranks, microbatches, chunks, costs or CostModel(), budget)
+        return with_recompute(build(spec, ranks, microbatches, chunks), None, recompute)
+    return build_within(spec, ranks, microbatches, chunks, costs or CostModel(), budget, recompute=recompute)
 
 
 def schedule_from_args(args: argparse.Namespace, costs: CostModel | None = None) -> Schedule:
@@ -117,7 +144,8 @@ def schedule_from_args(args: argparse.Namespace, costs: CostModel | None = None)
     options given, so every command orders a built-in the way `simulate` does."""
     if costs is None and cost_flags_given(args):
         costs = costs_from_args(args)
-    return load_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs, budget_from_args(args))
+    return load_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs, budget_from_args(args),
+                         recompute=getattr(args, "recompute", False) is True)
 
 
 def _overlap(text: str) -> float:

@@ -6,21 +6,24 @@ for v chunks per rank). An activation is held from its forward until the op that
 frees it: the W of a split backward (the weight gradient still reads the inputs) or a
 fused BW. The order of a rank's program fixes this count, so no timing is needed; the
 simulator's bytes (simulator.memory) free part of it at B when weight_memory is smaller.
+A recomputed stage (an R for that microbatch and virtual stage) holds its activation from
+R instead: F keeps only its input, which this count leaves out.
 """
 from __future__ import annotations
 
-from .ir import BW, F, W, Schedule, unit_tasks
+from .ir import BW, F, R, W, Schedule, unit_tasks
 
 
 def activations_per_rank(schedule: Schedule) -> list[float]:
     """The most activations each rank holds at once, in microbatches of one pipeline stage."""
     share = schedule.ranks / schedule.num_model_stages if schedule.num_model_stages else 0.0
+    recomputed = {(t.mb, t.stage) for t in schedule.tasks() if t.op == R}
     peaks = []
     for program in schedule.programs:
         held = peak = 0.0
         for item in program:
             for task in unit_tasks(item):
-                if task.op == F:
+                if task.op == R or (task.op == F and (task.mb, task.stage) not in recomputed):
                     held += share
                     peak = max(peak, held)
                 elif task.op in (W, BW):

@@ -5,7 +5,7 @@
      "paths": [[s0, s1, ...], ...],                     # virtual-stage sequences
      "microbatch_paths": [path index per microbatch],   # optional, default all 0
      "programs": [[op or [op, op], ...], ...]}          # one list per rank, in order
-    op = {"op": "F"|"B"|"W"|"BW", "mb": i, "stage": s}  # s = virtual stage index
+    op = {"op": "F"|"B"|"W"|"BW"|"R", "mb": i, "stage": s}  # s = virtual stage index; R: recompute
 
 A two-element list is an overlapped pair. Loading checks the shape of the document;
 `schedules.validate` checks the schedule itself.

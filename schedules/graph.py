@@ -2,7 +2,9 @@
 
 Rules (s_k is the k-th virtual stage on a microbatch's path):
   F(mb, s_k)       after F(mb, s_{k-1})                  (activation)
-  B|BW(mb, s_k)    after F(mb, s_k)                      (local)
+  B|BW(mb, s_k)    after F(mb, s_k), or after R(mb, s_k)  (local)
+                   when the stage recomputes
+  R(mb, s_k)       after F(mb, s_k)                      (local: F kept the input)
                    and after B|BW(mb, s_{k+1})           (gradient)
   W(mb, s)         after B(mb, s)                        (local)
 An edge between virtual stages on different ranks is a point-to-point transfer; on the
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .ir import B, BW, F, OPS, W, Overlap, Schedule, Task, unit_tasks
+from .ir import B, BW, F, OPS, R, W, Overlap, Schedule, Task, unit_tasks
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -109,6 +111,7 @@ def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:
     rank = [st.rank for st in schedule.stages]
     model = [st.model_stage for st in schedule.stages]
     edges: list[Edge] = []
+    recomputes = any(key[0] == R for key in index)
     add, new = edges.append, tuple.__new__  # new(Edge, ...) skips the NamedTuple's Python-level constructor
     for mb in range(schedule.microbatches):
         path = schedule.path_of(mb)
@@ -117,12 +120,17 @@ def derive_edges(schedule: Schedule, index: dict[Task, int]) -> list[Edge]:
         bwd = [index.get((B, mb, s)) for s in path]
         split = [b is not None for b in bwd]
         bwd = [b if b is not None else index[(BW, mb, s)] for b, s in zip(bwd, path)]
+        rec = [index.get((R, mb, s)) for s in path] if recomputes else [None] * len(path)
         for k, s in enumerate(path):
             ms = model[s]
             if k > 0:
                 prev = path[k - 1]
                 add(new(Edge, (fwd[k - 1], fwd[k], LOCAL if rank[prev] == rank[s] else ACTIVATION, model[prev])))
-            add(new(Edge, (fwd[k], bwd[k], LOCAL, ms)))
+            if rec[k] is None:
+                add(new(Edge, (fwd[k], bwd[k], LOCAL, ms)))
+            else:  # the backward needs the recomputed forward, which needs F's kept input
+                add(new(Edge, (fwd[k], rec[k], LOCAL, ms)))
+                add(new(Edge, (rec[k], bwd[k], LOCAL, ms)))
             if k < last:
                 add(new(Edge, (bwd[k + 1], bwd[k], LOCAL if rank[path[k + 1]] == rank[s] else GRADIENT, ms)))
             if split[k]:

@@ -12,7 +12,8 @@ from typing import Iterator, NamedTuple, Union
 from .numbers import is_int
 
 F, B, W, BW = "F", "B", "W", "BW"
-OPS = (F, B, W, BW)
+R = "R"  # recompute-forward: re-runs F with autograd right before the backward that needs it
+OPS = (F, B, W, BW, R)  # R last, so the other ops keep their indices
 
 
 class ScheduleError(ValueError):

@@ -21,7 +21,7 @@ from .ir import BW, OPS, Overlap, Schedule, ScheduleError
 # (op, model_stage, num_model_stages) -> seconds
 OpTime = Callable[[str, int, int], float]
 
-UNIT_COST = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0}  # the unit-time run of the posting rule
+UNIT_COST = {"F": 1.0, "B": 1.0, "W": 1.0, "BW": 2.0, "R": 1.0}  # the unit-time run of the posting rule
 
 
 @dataclass(frozen=True)

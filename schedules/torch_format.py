@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from .outputs import write_text
-from .ir import B, BW, F, W, Overlap, Schedule, ScheduleError, Task, VirtualStage, unit_tasks
+from .ir import B, BW, F, R, W, Overlap, Schedule, ScheduleError, Task, VirtualStage, unit_tasks
 
 TO_OURS = {"F": F, "I": B, "W": W, "B": BW}
 TO_TORCH = {ours: theirs for theirs, ours in TO_OURS.items()}
@@ -128,8 +128,10 @@ def to_rows(schedule: Schedule, overlap: bool = True) -> list[list[str]]:
     `overlap=False` writes an overlapped pair as its two actions one after the other:
     torch before 2.9 has no OVERLAP_F_B, and torch's runtime runs a pair's actions one
     after the other anyway. Refuses (ScheduleError) what torch's runtime cannot run:
-    a model stage on more than one rank (DualPipe's replicas), a rank without ops, and
-    forwards of the last model stage out of microbatch order."""
+    a model stage on more than one rank (DualPipe's replicas), a rank without ops,
+    forwards of the last model stage out of microbatch order, and recompute ops (R):
+    torch's action format has none (torch recomputes inside a stage module, with
+    torch.utils.checkpoint, which its schedule does not see)."""
     model = [st.model_stage for st in schedule.stages]
     if sorted(model) != list(range(len(model))):
         raise ScheduleError(f"{schedule.name} places a model stage on more than one rank; "
@@ -139,6 +141,11 @@ def to_rows(schedule: Schedule, overlap: bool = True) -> list[list[str]]:
         raise ScheduleError(f"{schedule.name}: rank {idle} runs nothing; torch's runtime needs "
                             "at least one stage on every rank")
     _check_loss_order(schedule, model)
+    recompute = next((t for t in schedule.tasks() if t.op == R), None)
+    if recompute is not None:
+        raise ScheduleError(f"{schedule.name} recomputes ({recompute}); torch's action format has no recompute "
+                            "op: export it without --recompute and wrap the stage modules in "
+                            "torch.utils.checkpoint instead")
     rows = []
     for program in schedule.programs:
         row = []

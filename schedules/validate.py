@@ -1,7 +1,8 @@
 """Validation of any schedule, built-in or hand-written.
 
 `validate` checks structure (placement, paths, exactly one F and either one BW or one
-B and one W per (microbatch, virtual stage) on the microbatch's path), then proves the
+B and one W per (microbatch, virtual stage) on the microbatch's path, and at most one R,
+the recompute-forward), then proves the
 combined graph of data and program-order edges acyclic. A cycle is a deadlock and the
 error spells it out as ops per rank.
 """
@@ -14,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from .graph import TaskGraph, build_graph, unit_label
-from .ir import B, BW, F, OPS, W, Overlap, Schedule, ScheduleError, unit_tasks
+from .ir import B, BW, F, OPS, R, W, Overlap, Schedule, ScheduleError, unit_tasks
 from .timeline import graph_waves
 from .numbers import is_int
 
@@ -77,7 +78,7 @@ def _programs_are_sound(s: Schedule) -> bool:
     have = np.zeros(m * n_stages, dtype=np.int64)
     np.bitwise_or.at(have, cell, bit)
     needed = visits[mb_path].ravel()  # every (microbatch, virtual stage) on its path
-    return bool(np.isin(have[needed], (1 | 8, 1 | 2 | 4)).all())
+    return bool(np.isin(have[needed], COMPLETE).all())
 
 
 def _check_paths(s: Schedule) -> None:
@@ -101,7 +102,9 @@ def _check_paths(s: Schedule) -> None:
             raise ScheduleError(f"microbatch {mb} follows path {p!r}, outside 0..{len(s.paths) - 1}")
 
 
-_BIT = {F: 1, B: 2, W: 4, BW: 8}
+_BIT = {F: 1, B: 2, W: 4, BW: 8, R: 16}
+# the ops one (microbatch, virtual stage) may have: F and a fused or split backward, with or without R
+COMPLETE = (1 | 8, 1 | 2 | 4, 1 | 16 | 8, 1 | 16 | 2 | 4)
 
 
 def _check_programs(s: Schedule) -> None:
@@ -134,14 +137,17 @@ def _check_programs(s: Schedule) -> None:
     for mb in range(m):
         for st in s.path_of(mb):
             have = ops_of.get((mb, st), 0)
-            if have in (1 | 8, 1 | 2 | 4):
+            if have in COMPLETE:
                 continue
             where = f"microbatch {mb} on virtual stage {st} (rank {stage_rank[st]})"
             if not have & 1:
                 raise ScheduleError(f"{where} has no F")
             if have & 8:
                 raise ScheduleError(f"{where} has both BW and B/W; use either the fused or the split backward")
-            missing = "BW, or B and W" if not have & 6 else ("W" if have & 2 else "B")
+            if not have & 14:
+                missing = "BW, or B and W" + (" (its R recomputes F for a backward)" if have & 16 else "")
+            else:
+                missing = "W" if have & 2 else "B"
             raise ScheduleError(f"{where} has no {missing}")
 
 

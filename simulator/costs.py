@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipesched.schedules.ir import B, BW, F, W
+from pipesched.schedules.ir import B, BW, F, R, W
 from pipesched.schedules.numbers import is_int, is_real
 from pipesched.schedules.outputs import write_text
 
@@ -55,6 +55,14 @@ class StageCost:
         measures as the parameters' own bytes, the size of their gradients).
     optimizer_time: seconds of this stage's optimizer step, once per step (not per
         microbatch), after its gradients are all-reduced (see simulator.data_parallel).
+    recompute: this stage recomputes its activations (an R before each backward) when a
+        schedule is built with these costs; `--recompute` turns it on for every stage.
+    recompute_fraction: T_R = recompute_fraction x T_F, seconds (1: full recomputation;
+        below 1: selective, only part of the forward, e.g. attention, is re-run).
+    recompute_memory: bytes an F of a recomputing stage keeps until its R (the stage
+        input, plus what selective recomputation does not re-create); None: the stage
+        input, i.e. the activation_bytes arriving from the previous model stage (0 for
+        the first, whose input is the data). R holds activation_memory in all.
     """
 
     forward: float = 1.0
@@ -69,11 +77,18 @@ class StageCost:
     grad_accumulate: float = 0.0
     weight_grad_bytes: float | None = None
     optimizer_time: float = 0.0
+    recompute: bool = False
+    recompute_fraction: float = 1.0
+    recompute_memory: float | None = None
 
     def check(self, where: str) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name in ("backward_full", "gradient_bytes", "weight_grad_bytes"):
+            if value is None and f.name in ("backward_full", "gradient_bytes", "weight_grad_bytes", "recompute_memory"):
+                continue
+            if f.name == "recompute":
+                if not isinstance(value, bool):
+                    raise CostError(f"{where}.recompute must be true or false, got {value!r}")
                 continue
             if not is_real(value):
                 raise CostError(f"{where}.{f.name} must be a number, got {value!r}")
@@ -89,7 +104,8 @@ class StageCost:
             activation_memory=self.activation_memory * k, weight_memory=self.weight_memory * k,
             param_bytes=self.param_bytes * k, grad_accumulate=self.grad_accumulate * k,
             weight_grad_bytes=None if self.weight_grad_bytes is None else self.weight_grad_bytes * k,
-            optimizer_time=self.optimizer_time * k)
+            optimizer_time=self.optimizer_time * k,
+            recompute_memory=None if self.recompute_memory is None else self.recompute_memory * k)
 
     @property
     def synced_bytes(self) -> float:
@@ -105,21 +121,33 @@ class StageCost:
             return self.backward_weight
         if op == BW:
             return self.backward_input + self.backward_weight if self.backward_full is None else self.backward_full
+        if op == R:
+            return self.forward * self.recompute_fraction
         raise CostError(f"unknown op {op!r}")
 
 
 def merged(stages: Sequence[StageCost]) -> StageCost:
-    """One model stage made of consecutive `stages`: op times, memory and parameters add
-    up; what crosses its boundaries is what crosses the last one's."""
+    """One model stage made of consecutive `stages`: op times, memory, parameters and
+    optimizer time add up; what crosses its boundaries is what crosses the last one's;
+    it recomputes if all of them do, the recomputed share of F weighted by forward time,
+    keeping what the first keeps."""
     last = stages[-1]
     full = None if all(s.backward_full is None for s in stages) else sum(s.op_time(BW) for s in stages)
+    forward = sum(s.forward for s in stages)
+    fraction = (sum(s.recompute_fraction * s.forward for s in stages) / forward if forward > 0
+                else stages[0].recompute_fraction)
     return StageCost(
-        forward=sum(s.forward for s in stages), backward_input=sum(s.backward_input for s in stages),
+        forward=forward, backward_input=sum(s.backward_input for s in stages),
         backward_weight=sum(s.backward_weight for s in stages), backward_full=full,
         activation_bytes=last.activation_bytes, gradient_bytes=last.gradient_bytes,
         activation_memory=sum(s.activation_memory for s in stages),
         weight_memory=sum(s.weight_memory for s in stages), param_bytes=sum(s.param_bytes for s in stages),
-        grad_accumulate=sum(s.grad_accumulate for s in stages))
+        grad_accumulate=sum(s.grad_accumulate for s in stages),
+        weight_grad_bytes=(None if all(s.weight_grad_bytes is None for s in stages)
+                           else sum(s.synced_bytes for s in stages)),
+        optimizer_time=sum(s.optimizer_time for s in stages),
+        recompute=all(s.recompute for s in stages), recompute_fraction=fraction,
+        recompute_memory=stages[0].recompute_memory)
 
 
 @dataclass(frozen=True)
@@ -384,6 +412,10 @@ class CostModel:
         return [self.stages[0 if len(self.stages) == 1 else min(ranks - 1, int(ms * ranks // num_model_stages))].scaled(k)
                 for ms in range(num_model_stages)]
 
+    def recomputed_stages(self, ranks: int, num_model_stages: int) -> set[int]:
+        """The model stages whose costs ask for recomputation (`StageCost.recompute`)."""
+        return {k for k, c in enumerate(self.model_stage_costs(ranks, num_model_stages)) if c.recompute}
+
     def op_time_for(self, ranks: int):
         """op_time(op, model_stage, num_model_stages) -> seconds, for cost-adaptive builders."""
         cache: dict[int, list[StageCost]] = {}
@@ -422,7 +454,7 @@ _OVERLAP_WORDS = {"serial": 0.0, "perfect": 1.0}
 _SECONDS = {"forward", "backward_input", "backward_weight", "backward_full", "grad_accumulate", "latency",
             "optimizer_time", "op_overhead", "per_op", "per_send", "per_recv", "send_start", "per_take"}
 _BYTES = {"activation_bytes", "gradient_bytes", "activation_memory", "weight_memory", "param_bytes",
-          "weight_grad_bytes", "bucket_bytes"}
+          "weight_grad_bytes", "bucket_bytes", "recompute_memory"}
 
 
 def _units(data: Any, where: str) -> Any:
@@ -548,8 +580,12 @@ def from_dict(data: Any) -> CostModel:
 
 def to_dict(model: CostModel) -> dict:
     """The `pipesched.costs/1` document of a cost model (round-trips through from_dict)."""
+    defaults = StageCost()
+
     def stage(s: StageCost) -> dict:
-        return {f.name: getattr(s, f.name) for f in fields(StageCost) if getattr(s, f.name) is not None}
+        # the recompute options only when set, so files of models without them stay as they were
+        return {f.name: getattr(s, f.name) for f in fields(StageCost) if getattr(s, f.name) is not None
+                and not (f.name.startswith("recompute") and getattr(s, f.name) == getattr(defaults, f.name))}
 
     def link(l: Link) -> dict:
         d = {"latency": l.latency}

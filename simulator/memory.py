@@ -2,7 +2,10 @@
 
 An F stores its stage's `activation_memory` from its start; a fused BW frees it at its
 end; a split B leaves `weight_memory` held at its end (what W needs, which may be more
-than the F stored: B's captured gradients) and the W frees that at its end. With communication buffers counted (`CostModel.comm_buffers`), a transfer's payload
+than the F stored: B's captured gradients) and the W frees that at its end. A recomputed
+stage (an R for that microbatch and virtual stage) stores only `recompute_kept` bytes
+from F's start; its R adds the rest of `activation_memory` from R's start, and the
+backward frees as above. With communication buffers counted (`CostModel.comm_buffers`), a transfer's payload
 is held by the sender from the producing op's end until the transfer ends, and by the
 receiver from the moment its receive is posted (by the executor's rule,
 `simulator.posting`) until the consumer starts; a tensor handed over at
@@ -17,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pipesched.schedules.graph import LOCAL, TaskGraph
-from pipesched.schedules.ir import B, F, OPS, W
+from pipesched.schedules.ir import B, F, OPS, R, W
 
 from .costs import StageCost
 
@@ -68,6 +71,15 @@ def buffer_intervals(graph: TaskGraph, edge_bytes: np.ndarray, posts: np.ndarray
                    both(held_to, unit_start[consumer[xfer]]), both(nbytes, nbytes[xfer]))
 
 
+def recompute_kept(stage_costs: list[StageCost]) -> list[float]:
+    """Bytes an F of each model stage keeps until its R when the stage recomputes:
+    `recompute_memory`, or by default the stage input (the previous model stage's
+    activation_bytes; 0 for the first model stage, whose input is the data)."""
+    return [c.recompute_memory if c.recompute_memory is not None
+            else (stage_costs[k - 1].activation_bytes if k > 0 else 0.0)
+            for k, c in enumerate(stage_costs)]
+
+
 def memory_samples(graph: TaskGraph, stage_costs: list[StageCost], task_start: np.ndarray,
                    task_end: np.ndarray, buffers: Buffers | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per rank, (times, bytes) after every change, starting with the resident bytes at t=0.
@@ -78,10 +90,18 @@ def memory_samples(graph: TaskGraph, stage_costs: list[StageCost], task_start: n
     act = np.asarray([c.activation_memory for c in stage_costs], dtype=float)[model]
     keep = np.asarray([c.weight_memory for c in stage_costs], dtype=float)[model]
     op = col["op"]
-    is_f = op == OPS.index(F)
-    delta = np.select([is_f, op == OPS.index(B), op == OPS.index(W)], [act, -(act - keep), -keep], -act)
-    when = np.where(is_f, np.asarray(task_start, dtype=float), np.asarray(task_end, dtype=float))
-    rank, kind = col["rank"], is_f.astype(np.int8)  # kind 1: an allocation, after frees at the same time
+    is_f, is_r = op == OPS.index(F), op == OPS.index(R)
+    if is_r.any():  # an F whose (microbatch, virtual stage) has an R keeps only `kept` until the R
+        kept = np.asarray(recompute_kept(stage_costs), dtype=float)[model]
+        cell = col["mb"].astype(np.int64) * len(sched.stages) + col["stage"]
+        light = is_f & np.isin(cell, cell[is_r])
+        first, rest = np.where(light, kept, act), act - kept
+    else:
+        first, rest = act, 0.0
+    delta = np.select([is_f, is_r, op == OPS.index(B), op == OPS.index(W)], [first, rest, -(act - keep), -keep], -act)
+    allocates = is_f | is_r
+    when = np.where(allocates, np.asarray(task_start, dtype=float), np.asarray(task_end, dtype=float))
+    rank, kind = col["rank"], allocates.astype(np.int8)  # kind 1: an allocation, after frees at the same time
     if buffers is not None and len(buffers.rank):
         n = len(buffers.rank)
         b_rank, b_when = np.repeat(buffers.rank, 2), np.empty(2 * n)

@@ -45,7 +45,7 @@ class TraceError(ValueError):
 class Span(NamedTuple):
     rank: int
     lane: int      # COMPUTE, SEND, RECV or ALLREDUCE
-    op: str        # F, B, W, BW or OPT (for transfers and all-reduces: the op that produced the payload)
+    op: str        # F, B, W, BW, R or OPT (for transfers and all-reduces: the op that produced the payload)
     mb: int
     stage: int     # virtual stage index
     start: float   # seconds

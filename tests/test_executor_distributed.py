@@ -26,6 +26,7 @@ from pipesched.executor.job import RunOptions, RunResult, run_schedule  # noqa: 
 from pipesched.executor.launch import launch_local  # noqa: E402
 from pipesched.executor.models import ExampleModel  # noqa: E402
 from pipesched.schedules import fileformat  # noqa: E402
+from pipesched.schedules.recompute import add_recompute  # noqa: E402
 from pipesched.schedules.registry import BUILDERS, build  # noqa: E402
 from pipesched.schedules.validate import validate  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
@@ -89,7 +90,20 @@ def p2() -> dict[str, RunResult]:
     ]
     cases += [(f"{name} float32 {model.kind}", build(name, 2, 8), model, RunOptions())
               for name in ("1f1b", "zb-v", "dualpipe") for model in (MLP32, TRANSFORMER32)]
+    cases += [(case, schedule, model, RunOptions()) for case, (schedule, model) in RECOMPUTE_CASES.items()]
     return launch_local(run_cases, (cases,), 2, timeout=120)
+
+
+# recomputation: fused (1F1B) and split (ZB-H1) backwards, a V with a local turn (ZB-V), the
+# overlapped pairs of DualPipe, a transformer, and only some model stages recomputing
+RECOMPUTE_CASES = {
+    "1f1b recompute": (add_recompute(build("1f1b", 2, 4)), MLP64),
+    "zb-h1 recompute": (add_recompute(build("zb-h1", 2, 4)), MLP64),
+    "zb-v recompute": (add_recompute(build("zb-v", 2, 4)), MLP64),
+    "dualpipe recompute": (add_recompute(build("dualpipe", 2, 4)), MLP64),
+    "1f1b recompute transformer": (add_recompute(build("1f1b", 2, 4)), TRANSFORMER64),
+    "zb-v recompute stages 1, 2": (add_recompute(build("zb-v", 2, 4), [1, 2]), MLP64),
+}
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +157,21 @@ def test_p4_matches_reference_in_float64(p4, case):
 def test_measured_trace_is_a_complete_trace(p2, p4, name):
     check_trace(p2[f"{name} m=4"], build(name, 2, 4))
     check_trace(p4[f"{name} m=8"], build(name, 4, 8))
+
+
+@pytest.mark.parametrize("case", RECOMPUTE_CASES)
+def test_recomputation_keeps_gradients_exact_and_records_r(p2, case):
+    """F runs without a graph, R re-runs it before the backward: the gradients equal the
+    reference's, the trace has every R, and the first rank, whose F now keeps only the
+    data, holds less at its peak than without recomputation."""
+    schedule, _ = RECOMPUTE_CASES[case]
+    check_exact(p2[case])
+    check_trace(p2[case], schedule)
+    rs = [s for s in p2[case].trace.spans(COMPUTE) if s.op == "R"]
+    assert len(rs) == sum(t.op == "R" for t in schedule.tasks())
+    if case in ("1f1b recompute", "zb-h1 recompute", "zb-v recompute"):
+        plain = p2[case.replace(" recompute", "") + " m=4"]
+        assert p2[case].trace.memory[0][1].max() < plain.trace.memory[0][1].max()
 
 
 def test_hand_written_schedule_file_runs(p2, tmp_path):

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from pipesched.schedules.recompute import add_recompute
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
@@ -23,10 +24,11 @@ COST_CASES = {
 }
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["", "recompute"])
 @pytest.mark.parametrize("case", COST_CASES)
 @pytest.mark.parametrize("name", BUILDERS)
-def test_des_equals_the_exact_longest_path(name, case):
-    graph = validate(build(name, 4, 8))
+def test_des_equals_the_exact_longest_path(name, case, recompute):
+    graph = validate(add_recompute(build(name, 4, 8), recompute))
     costs = COST_CASES[case]
     des, exact = simulate(graph, costs, engine="des"), simulate(graph, costs, engine="exact")
     scale = exact.end.max()

@@ -1,12 +1,15 @@
 """Properties of the simulator over random schedules and costs (hypothesis): the
 monotonicity and scaling the simulator issue asks for, the two engines agreeing, and
 the critical path explaining the whole makespan."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.recompute import add_recompute
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
@@ -20,14 +23,20 @@ times = st.floats(0.05, 3.0)
 
 @st.composite
 def cases(draw):
-    """A built schedule's graph and a random cost model with communication."""
+    """A built schedule's graph (recomputing none, all or some model stages) and a random
+    cost model with communication."""
     name = draw(st.sampled_from(sorted(BUILDERS)))
     p, m = draw(st.integers(1, 5)), draw(st.integers(1, 8))
     try:
-        graph = validate(build(name, p, m))
+        schedule = build(name, p, m)
     except ScheduleError:
         assume(False)
-    stages = tuple(StageCost(draw(times), draw(times), draw(times), activation_bytes=draw(st.floats(0, 2e6)))
+    recompute = draw(st.sampled_from([False, True, "some"]))
+    if recompute == "some":
+        recompute = draw(st.sets(st.integers(0, schedule.num_model_stages - 1)))
+    graph = validate(add_recompute(schedule, recompute))
+    stages = tuple(StageCost(draw(times), draw(times), draw(times), activation_bytes=draw(st.floats(0, 2e6)),
+                             recompute_fraction=draw(st.sampled_from([1.0, 0.3])))
                    for _ in range(draw(st.sampled_from([1, p]))))
     costs = CostModel(stages=stages, overlap=draw(st.floats(0, 1)), contention=draw(st.booleans()),
                       blocking_sends=draw(st.booleans()), op_overhead=draw(st.sampled_from([0.0, 0.01])),
@@ -68,8 +77,8 @@ def test_lower_bandwidth_never_shortens_the_makespan(case, factor):
 @given(case=cases(), k=st.floats(0.01, 100.0))
 def test_costs_scaled_by_k_scale_the_makespan_by_k(case, k):
     graph, costs = case
-    stages = tuple(StageCost(s.forward * k, s.backward_input * k, s.backward_weight * k,
-                             activation_bytes=s.activation_bytes) for s in costs.stages)
+    stages = tuple(replace(s, forward=s.forward * k, backward_input=s.backward_input * k,
+                           backward_weight=s.backward_weight * k) for s in costs.stages)
     scaled = with_links(CostModel(stages, None, costs.overlap, costs.network, costs.contention,
                                   costs.blocking_sends, costs.op_overhead * k),
                         lambda link: Link(link.latency * k, link.bandwidth / k))

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-o must name a .json schedule file, got {args.output!r}")
     check_outputs({"-o": args.output}, {"FILE.csv": args.schedule})
     source = args.schedule if args.schedule.endswith(".csv") else f"torch:{args.schedule.removeprefix('torch:')}"
-    schedule = load_schedule(source, args.ranks, args.microbatches, args.chunks)
+    schedule = load_schedule(source, args.ranks, args.microbatches, args.chunks, recompute=args.recompute)
     validate(schedule)
     if args.output:
         fileformat.save(schedule, args.output)

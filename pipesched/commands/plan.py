@@ -20,13 +20,15 @@ from pipesched.simulator.costs import CostModel
 from pipesched.simulator.stochastic import makespan_stats
 from pipesched.simulator.units import parse_bandwidth, parse_bytes, parse_seconds
 
-from ..budget import Budget, Evaluation, build_within, engine_for, evaluate
+from ..budget import Budget, Evaluation, build_within, engine_for, evaluate, recompute_op_time, with_recompute
 from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds
-from ..options import COST_DESTS, add_budget_args, add_cost_args, budget_from_args, costs_from_args, parse_counts
+from ..options import (COST_DESTS, add_budget_args, add_cost_args, add_recompute_arg, budget_from_args,
+                       costs_from_args, parse_counts, recompute_modes)
 from ..terminal import Progress, check_outputs
 
 JITTER_RUNS, JITTER_CV, JITTER_TOP = 20, 0.1, 3  # p95 of the makespan for the best few
+RESCUES_SHOWN = 5  # schedules named as fitting only with recomputation, fastest first
 
 
 def add_parser(sub) -> None:
@@ -38,6 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--microbatch-size", type=int, metavar="S", help="samples per microbatch (throughput in samples/s)")
     p.add_argument("-v", "--chunks", default="1,2", metavar="V1,V2", help="chunks per rank to try (default 1,2)")
     p.add_argument("--schedules", metavar="A,B,...", help="built-ins to consider (default: all, with zb-auto)")
+    add_recompute_arg(p, search=True, default="auto")
     add_budget_args(p)
     add_cost_args(p)
     p.add_argument("-o", "--output", metavar="FILE.json", help="write the winning schedule file")
@@ -55,13 +58,14 @@ class Candidate:
     result: Evaluation | None = None
     error: str | None = None
     p95: float | None = None
+    recompute: bool = False  # every model stage recomputes its activations (R ops)
 
     def throughput(self, samples: int | None) -> float:
         """Microbatches (or samples, given their size) per second."""
         return self.microbatches * (samples or 1) / self.result.makespan
 
     def to_dict(self, samples: int | None, budget: Budget) -> dict:
-        d = {"schedule": self.schedule, "microbatches": self.microbatches, "v": self.v}
+        d = {"schedule": self.schedule, "microbatches": self.microbatches, "v": self.v, "recompute": self.recompute}
         if self.result is None:
             return {**d, "error": self.error}
         r = self.result
@@ -114,35 +118,38 @@ def chunk_options(name: str, vs: list[int]) -> list[int | None]:
 
 
 def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs: CostModel,
-           budget: Budget, progress=None, cache: dict | None = None) -> list[Candidate]:
-    """Every (schedule, m, v), built and simulated; zb-auto searched under `budget`
-    against the built-ins already built at that m and v. `cache` (give the same dict to
-    searches with the same costs and other budgets) keeps built-ins and evaluations,
-    which do not depend on the budget."""
+           budget: Budget, progress=None, cache: dict | None = None,
+           recompute: tuple[bool, ...] = (False,)) -> list[Candidate]:
+    """Every (schedule, m, v), built and simulated, for each recompute setting (True:
+    every model stage recomputes); zb-auto searched under `budget` against the built-ins
+    already built at that m, v and setting. `cache` (give the same dict to searches with
+    the same costs and other budgets) keeps built-ins and evaluations, which do not
+    depend on the budget."""
     cache = {} if cache is None else cache
-    builtins: dict = cache.setdefault("builtins", {})   # (name, m, v) -> Schedule or error
-    seen: dict[int, Evaluation] = cache.setdefault("seen", {})
-    todo = [(name, m, v) for m in counts for name in names for v in chunk_options(name, vs)]
+    builtins: dict = cache.setdefault("builtins", {})   # (name, m, v, recompute) -> Schedule or error
+    todo = [(name, m, v, rc) for m in counts for rc in recompute for name in names for v in chunk_options(name, vs)]
     out: list[Candidate] = []
-    op_time = costs.op_time_for(ranks)
-    for done, (name, m, v) in enumerate(todo):
+    for done, (name, m, v, rc) in enumerate(todo):
+        seen: dict[int, Evaluation] = cache.setdefault(("seen", rc), {})  # one per setting: ids are not shared
+        op_time = recompute_op_time(costs.op_time_for(ranks), costs, ranks, rc)
         if progress:
-            progress(done, f"{name} m={m}" + (f" v={v}" if v else ""))
+            progress(done, f"{name} m={m}" + (f" v={v}" if v else "") + (" recompute" if rc else ""))
         try:
             if BUILDERS[name].searches:
-                others = [c.result.schedule for c in out if c.result and c.microbatches == m and c.v == v]
-                schedule = build_within(name, ranks, m, v, costs, budget, builtins=others, seen=seen)
+                others = [c.result.schedule for c in out if c.result and c.microbatches == m and c.v == v
+                          and c.recompute == rc]
+                schedule = build_within(name, ranks, m, v, costs, budget, builtins=others, seen=seen, recompute=rc)
             else:
-                if (name, m, v) not in builtins:
+                if (name, m, v, rc) not in builtins:
                     try:
-                        builtins[name, m, v] = build(name, ranks, m, v, op_time)
+                        builtins[name, m, v, rc] = with_recompute(build(name, ranks, m, v, op_time), costs, rc)
                     except ScheduleError as exc:
-                        builtins[name, m, v] = exc
-                schedule = builtins[name, m, v]
+                        builtins[name, m, v, rc] = exc
+                schedule = builtins[name, m, v, rc]
                 if isinstance(schedule, ScheduleError):
                     raise schedule
         except ScheduleError as exc:
-            out.append(Candidate(name, m, v or BUILDERS[name].chunks or 1, error=str(exc)))
+            out.append(Candidate(name, m, v or BUILDERS[name].chunks or 1, error=str(exc), recompute=rc))
             continue
         ev = seen.get(id(schedule))
         if ev is None:
@@ -150,7 +157,7 @@ def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs
         # zb-auto renames the winner it scored; the fit is this budget's
         result = Evaluation(schedule, ev.makespan, ev.bubble, ev.peak_bytes, ev.peak_activations,
                             budget.admits(ev.peak_bytes, ev.peak_activations))
-        out.append(Candidate(name, m, schedule.num_model_stages // ranks, result))
+        out.append(Candidate(name, m, schedule.num_model_stages // ranks, result, recompute=rc))
     if progress:
         progress(len(todo), "done")
     return out
@@ -164,6 +171,14 @@ def pareto(rows: list[Candidate], samples: int | None) -> list[Candidate]:
         if not front or c.throughput(samples) > front[-1].throughput(samples) * (1 + 1e-12):
             front.append(c)
     return front
+
+
+def recompute_rescues(found: list[Candidate]) -> list[tuple[Candidate, Candidate]]:
+    """(with, without) for every schedule, m and v that fits with recomputation and not without."""
+    without = {(c.schedule, c.microbatches, c.v): c for c in found if c.result and not c.recompute}
+    return [(c, without[c.schedule, c.microbatches, c.v]) for c in found
+            if c.result and c.recompute and c.result.fits and (c.schedule, c.microbatches, c.v) in without
+            and not without[c.schedule, c.microbatches, c.v].result.fits]
 
 
 TIME_FLAGS = {"f", "b", "w", "latency", "inter_latency", "op_overhead"}
@@ -236,9 +251,10 @@ def run(args: argparse.Namespace) -> int:
         from ..plots.style import check_output
         check_output(args.plot)
     costs = costs_from_args(args)
-    bar = Progress("plan", sum(len(chunk_options(n, vs)) for n in names) * len(counts))
+    modes = recompute_modes(args.recompute, budget)
+    bar = Progress("plan", sum(len(chunk_options(n, vs)) for n in names) * len(counts) * len(modes))
     try:
-        found = search(names, args.ranks, counts, vs, costs, budget, bar)
+        found = search(names, args.ranks, counts, vs, costs, budget, bar, recompute=modes)
     finally:
         bar.close()
     built = [c for c in found if c.result]
@@ -279,8 +295,9 @@ def show_table(args, found, fitting, front, best, budget: Budget, samples, costs
     dropped = sum(1 for c in found if c.result and not c.result.fits)
     failed = sum(1 for c in found if not c.result)
     print(f"plan for p={args.ranks}, budget {budget.describe()}: {len(found)} candidates, {len(fitting)} fit, "
-          f"{dropped} over the budget, {failed} not buildable")
-    head = f"{'#':>3} {'schedule':<17} {'m':>4} {'v':>2}  {'makespan':>10}  {'throughput':>12}  {'bubble':>7}  "
+          f"{dropped} over the budget, {failed} not buildable"
+          + (", each without and with recomputation" if len({c.recompute for c in found}) > 1 else ""))
+    head = f"{'#':>3} {'schedule':<20} {'m':>4} {'v':>2}  {'makespan':>10}  {'throughput':>12}  {'bubble':>7}  "
     head += f"{'peak mem':>10}  " if bytes_given else ""
     head += f"{'activ.':>6}  {'headroom':>10}  {'p95':>10}"
     print(head)
@@ -295,7 +312,9 @@ def show_table(args, found, fitting, front, best, budget: Budget, samples, costs
         shown = c.schedule
         if c.schedule == "zb-auto" and r.schedule.params.get("origin") in BUILDERS:
             shown = f"zb-auto={r.schedule.params['origin']}"  # the search kept a built-in's order
-        line = (f"{i:>3} {shown:<17} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
+        if c.recompute:
+            shown += " +R"
+        line = (f"{i:>3} {shown:<20} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
                 f"{c.throughput(samples):>8.4g} {unit:<3}  {100 * r.bubble:>6.2f}%  ")
         line += f"{fmt_bytes(r.peak_bytes):>10}  " if bytes_given else ""
         line += f"{r.peak_activations:>6g}  {room:>10}  {fmt_seconds(c.p95) if c.p95 else '-':>10}"
@@ -305,9 +324,18 @@ def show_table(args, found, fitting, front, best, budget: Budget, samples, costs
     print("Pareto front (throughput against peak memory): " + ", ".join(
         f"{c.schedule} m={c.microbatches} v={c.v} ({c.throughput(samples):.4g} {unit}, "
         f"{fmt_bytes(c.result.peak_bytes) if bytes_given else f'{c.result.peak_activations:g} mb'})" for c in front))
+    rescued = sorted(recompute_rescues(found), key=lambda pair: -pair[0].throughput(samples))
+    if rescued:
+        more = f", and {len(rescued) - RESCUES_SHOWN} more" if len(rescued) > RESCUES_SHOWN else ""
+        rescued = rescued[:RESCUES_SHOWN]
+        print("fit only with recomputation (+R: every model stage recomputes its activations before its backward): "
+              + ", ".join(f"{c.schedule} m={c.microbatches} v={c.v} ({fmt_bytes(c.result.peak_bytes) if bytes_given else f'{c.result.peak_activations:g} mb'} "
+                          f"with, {fmt_bytes(without.result.peak_bytes) if bytes_given else f'{without.result.peak_activations:g} mb'} without)"
+                          for c, without in rescued) + more)
     print(f"p95: makespan of {JITTER_RUNS} runs with op times jittered by cv {JITTER_CV} (best {JITTER_TOP} only); "
           "activ.: microbatches of one pipeline stage's activations held (1F1B holds p)")
     origin = f" (built from {best.result.schedule.params['origin']})" if best.schedule == "zb-auto" else ""
+    origin += " with recomputation" if best.recompute else ""
     print(f"best: {best.schedule}{origin} with m={best.microbatches}, v={best.v}: makespan "
           f"{fmt_seconds(best.result.makespan)}, peak {fmt_bytes(best.result.peak_bytes) if bytes_given else ''}"
           f"{' / ' if bytes_given else ''}{best.result.peak_activations:g} microbatches of activations")

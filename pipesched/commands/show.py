@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{printable(schedule.name)}: {schedule.ranks} ranks, {schedule.microbatches} microbatches, "
           f"{schedule.num_model_stages} model stages on {len(schedule.stages)} virtual stages, "
           f"{len(schedule.paths)} path{'s' if len(schedule.paths) > 1 else ''}, {len(graph.tasks)} ops")
-    print("ops: F forward, B input backward, W weight backward, BW full backward, X+Y overlapped; "
+    print("ops: F forward, B input backward, W weight backward, BW full backward, R recompute-forward, X+Y overlapped; "
           "opMB@stage")
     for r, (units, stages) in enumerate(zip(graph.rank_units, schedule.stages_by_rank())):
         held = ", ".join(f"{s} (model {schedule.stages[s].model_stage})" for s in stages)

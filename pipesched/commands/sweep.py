@@ -22,7 +22,8 @@ from ..errors import UsageError
 from .. import terminal
 from ..plots.points import SweepPoint
 from ..formatting import fmt_bytes, fmt_seconds
-from ..options import add_budget_args, add_cost_args, budget_from_args, costs_from_args, load_schedule, parse_counts
+from ..options import (add_budget_args, add_cost_args, add_recompute_arg, budget_from_args, costs_from_args,
+                       load_schedule, parse_counts, recompute_modes)
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
 
@@ -36,6 +37,7 @@ def add_parser(sub) -> None:
                    help="built-in schedules (default: all but zb-auto, which searches and is slower)")
     p.add_argument("-v", "--chunks", metavar="V1,V2,...",
                    help="chunks per rank for the schedules that take it, comma-separated (default: each one's own)")
+    add_recompute_arg(p, search=True)
     add_budget_args(p)
     add_cost_args(p)
     p.add_argument("--engine", choices=("des", "exact"), default="des", help="simulation engine (default des)")
@@ -67,42 +69,48 @@ def Progress(total: int, stream: TextIO | None = None, label: str = "sweep") -> 
 class Row:
     """One simulated point: the chart's SweepPoint plus what the chart does not draw.
     `v`: chunks per rank; `activations`: most microbatches of one pipeline stage's
-    activations a rank holds (1F1B holds p); `fits`: within the memory budget."""
+    activations a rank holds (1F1B holds p); `fits`: within the memory budget; `recompute`:
+    every model stage recomputes (the point's schedule is named NAME+recompute)."""
 
     point: object  # plots.sweep.SweepPoint
     v: int | None
     activations: float = float("nan")
     fits: bool = True
+    recompute: bool = False
 
 
 def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], costs: CostModel,
                chunks: list[int | None] | None = None, engine: str = "des",
-               progress: Callable[[int, str], None] | None = None, budget: Budget = Budget()) -> list[Row]:
-    """Simulate every schedule at every p, v and m: a Row each (its point's `error` set
-    where the schedule cannot be built there). Schedules with a fixed v run once."""
+               progress: Callable[[int, str], None] | None = None, budget: Budget = Budget(),
+               recompute: tuple[bool, ...] = (False,)) -> list[Row]:
+    """Simulate every schedule at every p, v and m, without and/or with recomputation of
+    every model stage (`recompute`): a Row each (its point's `error` set where the
+    schedule cannot be built there). Schedules with a fixed v run once."""
 
     rows = []
     chunks = chunks or [None]
-    todo = [(name, p, v, m) for p in ranks for name in schedules
-            for v in (chunks if BUILDERS[name].chunks is None else [None]) for m in microbatches]
-    for done, (name, p, v, m) in enumerate(todo):
+    todo = [(name, p, v, m, rc) for p in ranks for name in schedules
+            for v in (chunks if BUILDERS[name].chunks is None else [None]) for m in microbatches for rc in recompute]
+    for done, (name, p, v, m, rc) in enumerate(todo):
+        shown = name + "+recompute" if rc else name
         if progress:
-            progress(done, f"{name} p={p} m={m}" + (f" v={v}" if v else ""))
+            progress(done, f"{shown} p={p} m={m}" + (f" v={v}" if v else ""))
         fixed = BUILDERS[name].chunks or (BUILDERS[name].default_chunks if v is None and not BUILDERS[name].searches
                                           else v)
         try:
-            schedule = load_schedule(name, p, m, v, costs, budget if BUILDERS[name].searches else Budget())
+            schedule = load_schedule(name, p, m, v, costs, budget if BUILDERS[name].searches else Budget(),
+                                     recompute=rc)
             graph = validate(schedule)
         except (ScheduleError, CostError, UsageError) as exc:  # CostError: e.g. calibrated model_stages for another S
-            rows.append(Row(SweepPoint(name, p, m, error=str(exc)), fixed))
+            rows.append(Row(SweepPoint(shown, p, m, error=str(exc)), fixed, recompute=rc))
             continue
         met = compute_metrics(simulate(graph, costs, engine=engine))
         peak = max(r.peak_memory_bytes for r in met.per_rank)
         acts = peak_activations(schedule)
         fits = ((budget.max_activations is None or acts <= budget.max_activations + 1e-9)
                 and (budget.memory_limit is None or peak <= budget.memory_limit))
-        rows.append(Row(SweepPoint(name, p, m, met.makespan, met.bubble_ratio, peak, met.comm_hidden_fraction),
-                        schedule.num_model_stages // p, acts, fits))
+        rows.append(Row(SweepPoint(shown, p, m, met.makespan, met.bubble_ratio, peak, met.comm_hidden_fraction),
+                        schedule.num_model_stages // p, acts, fits, rc))
     if progress:
         progress(len(todo), "done")
     return rows
@@ -149,10 +157,10 @@ def run(args: argparse.Namespace) -> int:
     costs = costs_from_args(args)
     if costs.host is not None and args.engine == "exact":
         raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (the default)")
-    total = len(ranks) * len(counts) * sum(len(chunks) if BUILDERS[n].chunks is None else 1 for n in names)
+    total = len(ranks) * len(counts) * len(recompute_modes(args.recompute)) * sum(len(chunks) if BUILDERS[n].chunks is None else 1 for n in names)
     bar = Progress(total)
     try:
-        rows = sweep_rows(names, ranks, counts, costs, chunks, args.engine, bar, budget)
+        rows = sweep_rows(names, ranks, counts, costs, chunks, args.engine, bar, budget, recompute_modes(args.recompute))
     finally:
         bar.close()
     if all(r.point.error for r in rows):
@@ -165,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         from ..plots.sweep import plot_sweep
         several_v = len({(r.point.schedule, r.v) for r in rows}) > len({r.point.schedule for r in rows})
         points = [replace(r.point, schedule=f"{r.point.schedule} v={r.v}") if several_v and
-                  BUILDERS[r.point.schedule].chunks is None else r.point for r in rows]
+                  BUILDERS[r.point.schedule.removesuffix("+recompute")].chunks is None else r.point for r in rows]
         plot_sweep(points, args.plot, pareto_m=args.pareto_m)
         terminal.wrote(args.plot)
     return 0
@@ -175,11 +183,12 @@ def show_table(rows: list[Row], budget: Budget) -> None:
     """Memory in bytes when the costs give any, and always as microbatches of activations
     (so unit costs do not print "0 B" for every schedule)."""
     in_bytes = any(r.point.peak_memory > 0 for r in rows if not r.point.error)
-    print(f"{'schedule':<17} {'p':>3} {'v':>2} {'m':>4}  {'makespan':>11}  {'bubble':>7}  "
+    width = max([17] + [len(r.point.schedule) for r in rows])
+    print(f"{'schedule':<{width}} {'p':>3} {'v':>2} {'m':>4}  {'makespan':>11}  {'bubble':>7}  "
           + (f"{'peak memory':>12}  " if in_bytes else "") + f"{'activations':>11}" + ("  fits" if budget else ""))
     for r in rows:
         p = r.point
-        lead = f"{p.schedule:<17} {p.ranks:>3} {r.v if r.v else '-':>2} {p.microbatches:>4}  "
+        lead = f"{p.schedule:<{width}} {p.ranks:>3} {r.v if r.v else '-':>2} {p.microbatches:>4}  "
         if p.error:
             print(f"{lead}skipped: {p.error}")
             continue

@@ -19,10 +19,10 @@ FORMATS = (".png", ".svg", ".pdf")
 DPI = 150
 
 # Forward blue, backward warm, weight-gradient green: the convention of the zero-bubble
-# and DualPipe papers' figures, so people recognise them.
-OP_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32", "OPT": "#8a64b5"}
+# and DualPipe papers' figures, so people recognise them; recompute purple, apart from all.
+OP_COLORS = {"F": "#3b75af", "B": "#ef8636", "W": "#519e3e", "BW": "#c53a32", "R": "#8e5fb8", "OPT": "#7f7f7f"}
 OP_NAMES = {"F": "F forward", "B": "B input grad", "W": "W weight grad", "BW": "BW full backward",
-            "OPT": "OPT optimizer step"}
+            "R": "R recompute forward", "OPT": "OPT optimizer step"}
 ALLREDUCE_COLOR = "#17a2b8"  # the data-parallel all-reduce lane
 IDLE_COLOR = "#d9d9d9"
 PAIR_EDGE = "#202020"
