@@ -13,13 +13,16 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipesched.schedules.ir import B, BW, F, W
 from pipesched.schedules.numbers import is_int, is_real
 from pipesched.schedules.outputs import write_text
 
 from .units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
+
+if TYPE_CHECKING:
+    from .layers import LayerCosts
 
 try:
     import tomllib
@@ -234,6 +237,8 @@ class CostModel:
         buffered (see simulator.memory).
     recv_lookahead: receives are posted this many program units ahead of the op that
         needs them (< 0: all at the step's start), as the executor's --recv-lookahead.
+    layers: the model layer by layer (`simulator.layers`), instead of `stages` and
+        `model_stages`: each schedule's model stages are its split of the layers.
     """
 
     stages: tuple[StageCost, ...] = (StageCost(),)
@@ -247,6 +252,7 @@ class CostModel:
     host_overhead: HostOverhead = HostOverhead()
     comm_buffers: bool = True
     recv_lookahead: int = 2
+    layers: LayerCosts | None = None
     meta: dict = field(default_factory=dict, compare=False)
 
     def check(self) -> "CostModel":
@@ -271,12 +277,19 @@ class CostModel:
         if not isinstance(self.host_overhead, HostOverhead):
             raise CostError("host_overhead must be an object with per_op, per_send and per_recv")
         self.host_overhead.check()
+        if self.layers is not None:
+            if self.model_stages is not None:
+                raise CostError("give the model either as layers or as model_stages, not both")
+            self.layers.check()
         return self
 
     def model_stage_costs(self, ranks: int, num_model_stages: int) -> list[StageCost]:
         """Costs of each of S model stages of a schedule on `ranks` ranks. CostError when
         `model_stages` is given for another number of model stages: silently using
-        `stages` instead would predict a model the user did not describe."""
+        `stages` instead would predict a model the user did not describe. With `layers`,
+        the model stages of their split (CostError when S exceeds what the layers fill)."""
+        if self.layers is not None:
+            return self.layers.stage_costs(self.layers.split(num_model_stages))
         if self.model_stages is not None:
             if len(self.model_stages) != num_model_stages:
                 raise CostError(f"the costs give model_stages for {len(self.model_stages)} model stages but the "
@@ -380,7 +393,8 @@ def from_dict(data: Any) -> CostModel:
     if fmt != FORMAT:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
-               "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead", "meta"}
+               "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead", "layers",
+               "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -435,11 +449,15 @@ def from_dict(data: Any) -> CostModel:
         raise CostError(f"host_overhead has unknown field {unknown[0]!r}; fields are per_op, per_send, per_recv, "
                         "send_start, per_take")
     host_overhead = HostOverhead(**_units(overhead, "host_overhead"))
+    layers = None
+    if "layers" in data:
+        from .layers import layers_from_dict  # it builds on this module
+        layers = layers_from_dict(data["layers"])
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
                      op_overhead=_units(data, "cost file").get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
-                     meta=meta).check()
+                     layers=layers, meta=meta).check()
 
 
 def to_dict(model: CostModel) -> dict:
@@ -474,6 +492,9 @@ def to_dict(model: CostModel) -> dict:
                                 "per_take": o.per_take}
         if o.send_start is not None:
             doc["host_overhead"]["send_start"] = o.send_start
+    if model.layers is not None:
+        from .layers import layers_to_dict
+        doc["layers"] = layers_to_dict(model.layers)
     if model.meta:
         doc["meta"] = model.meta
     return doc
