@@ -452,6 +452,9 @@ def from_dict(data: Any) -> CostModel:
     layers = None
     if "layers" in data:
         from .layers import layers_from_dict  # it builds on this module
+        both = next((k for k in ("stage", "stages", "model_stages") if k in data), None)
+        if both:
+            raise CostError(f"give the model either layer by layer (layers) or per stage ({both}), not both")
         layers = layers_from_dict(data["layers"])
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
@@ -476,7 +479,9 @@ def to_dict(model: CostModel) -> dict:
         net["ranks_per_node"] = model.network.ranks_per_node
     if model.network.inter is not None:
         net["inter_node"] = link(model.network.inter)
-    doc: dict[str, Any] = {"format": FORMAT, "stages": [stage(s) for s in model.stages]}
+    doc: dict[str, Any] = {"format": FORMAT}
+    if model.layers is None:  # layers replace the per-stage costs
+        doc["stages"] = [stage(s) for s in model.stages]
     if model.model_stages is not None:
         doc["model_stages"] = [stage(s) for s in model.model_stages]
     doc.update(overlap=model.overlap, network=net, contention=model.contention,

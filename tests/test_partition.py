@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
+from pathlib import Path
 
 import pytest
 
@@ -157,6 +159,13 @@ def test_bad_layers_sections_are_refused(layers, message):
         layers_from_dict(layers)
 
 
+def test_layers_and_per_stage_costs_are_not_mixed():
+    with pytest.raises(CostError, match="either layer by layer"):
+        from_dict({"layers": {"count": 2, "layer": {"forward": 1}}, "stages": [{"forward": 1}]})
+    with pytest.raises(CostError, match="either layer by layer"):
+        from_dict({"layers": {"count": 2, "layer": {"forward": 1}}, "model_stages": [{"forward": 1}]})
+
+
 def write(tmp_path, layers: dict, name: str = "costs.json"):
     path = tmp_path / name
     path.write_text(json.dumps({"format": "pipesched.costs/1", "layers": layers}))
@@ -196,3 +205,12 @@ def test_bad_partitions_are_refused_in_one_line(tmp_path, capsys):
             "3 layers cannot fill 4 model stages")
     refused(capsys, ["simulate", "1f1b", "-p", "2", "-m", "4", "--costs", no_extras, "--partition", "3,0"],
             "model stage 1 holds no layer")
+
+
+def test_the_docs_example_gives_the_split_it_shows(tmp_path, capsys):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "partition.md").read_text()
+    path = tmp_path / "llama.toml"
+    path.write_text(re.findall(r"```toml\n(.*?)```", doc, flags=re.S)[0])
+    assert main(["simulate", "1f1b", "-p", "4", "-m", "32", "--costs", str(path)]) == 0
+    shown = capsys.readouterr().out.splitlines()[-1]
+    assert shown in " ".join(doc.split()), shown

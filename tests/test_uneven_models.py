@@ -76,3 +76,30 @@ def test_run_refuses_bad_layer_counts_in_one_line(capsys, flags, message):
     assert main(["run", "1f1b", "-p", "2", "-m", "2", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_profiled_layers_give_a_cost_file_the_partitioner_splits():
+    from pipesched.executor.layer_profile import profile_layers, with_measured_layers
+    from pipesched.simulator.costs import CostModel, StageCost, from_dict, to_dict
+
+    model = ExampleModel("mlp", hidden=8, layers_per_stage=(2, 1), microbatch_size=2).build(2, 2)
+    layers, split = profile_layers(model, repeats=1, warmup=0)
+    assert split == [2, 1] and len(layers.layers) == 3 and layers.embedding is None and layers.head is None
+    assert all(l.forward > 0 and l.param_bytes == (8 * 32 + 32 + 32 * 8 + 8) * 4 for l in layers.layers)
+    assert [l.activation_bytes for l in layers.layers] == [2 * 8 * 4, 2 * 8 * 4, 0.0]
+    calibrated = CostModel(model_stages=(StageCost(), StageCost()))
+    costs = with_measured_layers(calibrated, model, threads=1, repeats=1, warmup=0)
+    assert costs.model_stages is None and costs.layers.partition == (2, 1)
+    assert from_dict(to_dict(costs)).layers == costs.layers
+    assert len(costs.meta["per_stage_measured"]) == 2
+
+
+@pytest.mark.skipif(not HAVE_HF, reason="needs transformers")
+def test_profiled_causal_lm_has_an_embedding_and_a_head():
+    from pipesched.executor.layer_profile import profile_layers
+
+    model = HFModel("hf-gpt2", hidden=8, layers_per_stage=(1, 2), microbatch_size=2, seq=4, vocab=64).build(2, 2)
+    layers, split = profile_layers(model, repeats=1, warmup=0)
+    assert split == [1, 2] and len(layers.layers) == 3
+    assert layers.embedding is not None and layers.head is not None and layers.head.activation_bytes == 0
+    assert layers.embedding.activation_bytes == 2 * 4 * 8 * 4  # (batch, seq, hidden) float32
