@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipesched.cli import main
-from pipesched.schedules.registry import build
+from pipesched.schedules.registry import BUILDERS, build
 from pipesched.simulator.costs import CostError, CostModel, StageCost, from_dict, to_dict
 from pipesched.simulator.layers import LayerCosts, layers_from_dict
 from pipesched.simulator.partition import (PartitionError, balanced_split, even_split, min_layers,
@@ -214,3 +214,12 @@ def test_the_docs_example_gives_the_split_it_shows(tmp_path, capsys):
     assert main(["simulate", "1f1b", "-p", "4", "-m", "32", "--costs", str(path)]) == 0
     shown = capsys.readouterr().out.splitlines()[-1]
     assert shown in " ".join(doc.split()), shown
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_every_builtin_runs_an_uneven_split(tmp_path, capsys, name):
+    # a heavy head: model stages differ; zb-v's greedy candidates used to deadlock here
+    path = write(tmp_path, LM)
+    assert main(["simulate", name, "-p", "4", "-m", "8", "--costs", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sum(out["layers"]["layers_per_stage"]) == 8 and out["makespan"] > 0
