@@ -5,7 +5,8 @@ Units: seconds, bytes, bytes per second.
 Costs are given per *pipeline stage* (one rank's share of the model, 1/p of it). A
 schedule that cuts the model into S model stages charges each model stage p/S of its
 pipeline stage's compute and memory; transfer sizes (the activation at a boundary) do
-not shrink. A cost file may instead give every model stage its own costs.
+not shrink. A cost file may instead give every model stage its own costs, or the model
+layer by layer (`simulator.layers`), which each schedule splits into its model stages.
 """
 from __future__ import annotations
 

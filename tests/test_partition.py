@@ -223,3 +223,13 @@ def test_every_builtin_runs_an_uneven_split(tmp_path, capsys, name):
     assert main(["simulate", name, "-p", "4", "-m", "8", "--costs", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert sum(out["layers"]["layers_per_stage"]) == 8 and out["makespan"] > 0
+
+
+def test_the_python_api_states_layers_directly():
+    layer = StageCost(forward=0.01, backward_input=0.01, backward_weight=0.01, activation_bytes=1e6)
+    head = StageCost(forward=0.03, backward_input=0.03, backward_weight=0.03)
+    costs = CostModel(layers=LayerCosts((layer,) * 6, head=head)).check()
+    assert costs.layers.split(3) == [3, 3, 0] and costs.layers.split(3, "even") == [2, 2, 2]
+    assert [s.activation_bytes for s in costs.model_stage_costs(3, 3)] == [1e6, 1e6, 0.0]
+    with pytest.raises(CostError, match="either as layers or as model_stages"):
+        CostModel(layers=costs.layers, model_stages=(layer,)).check()
