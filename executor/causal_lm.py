@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipesched.schedules.numbers import is_int
+from pipesched.simulator.partition import PartitionError, balanced_split, even_split
 
 from .models import ModelError, PipelineModel
 
@@ -149,46 +150,21 @@ def causal_lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
 def even_counts(num_blocks: int, num_stages: int) -> list[int]:
     """Blocks per stage, as even as counts go; the remainder goes to the middle stages
     first (the first and last already hold the embedding and the head)."""
-    base, extra = divmod(num_blocks, num_stages)
-    order = list(range(1, num_stages - 1)) + [0, num_stages - 1] if num_stages > 2 else list(range(num_stages))
-    counts = [base] * num_stages
-    for k in order[:extra]:
-        counts[k] += 1
-    return counts
+    try:
+        return even_split(num_blocks, num_stages, has_first=True, has_last=True)
+    except PartitionError as exc:
+        raise ModelError(f"{exc}") from None
 
 
 def balanced_counts(block_costs: Sequence[float], num_stages: int, first: float = 0.0, last: float = 0.0) -> list[int]:
     """Blocks per stage (consecutive) minimising the costliest stage, where stage 0 also
     costs `first` (the embedding) and the last stage `last` (head and loss); ties go to
-    the split with the most even counts. Middle stages get at least one block."""
-    n, s = len(block_costs), num_stages
-    prefix = [0.0]
-    for c in block_costs:
-        prefix.append(prefix[-1] + c)
-    # best[k][j]: (slowest stage, spread) for blocks [0, j) on stages 0..k-1
-    inf = (float("inf"), float("inf"))
-    best = [[inf] * (n + 1) for _ in range(s + 1)]
-    cut = [[0] * (n + 1) for _ in range(s + 1)]
-    best[0][0] = (0.0, 0.0)
-    mean = n / s
-    for k in range(1, s + 1):
-        lowest = 0 if k in (1, s) else 1
-        for j in range(n + 1):
-            for i in range(j - lowest, -1, -1):
-                if best[k - 1][i] == inf:
-                    continue
-                cost = prefix[j] - prefix[i] + (first if k == 1 else 0.0) + (last if k == s else 0.0)
-                worst = max(best[k - 1][i][0], cost)
-                spread = best[k - 1][i][1] + (j - i - mean) ** 2
-                if (worst, spread) < best[k][j]:
-                    best[k][j], cut[k][j] = (worst, spread), i
-    if best[s][n] == inf:
-        raise ModelError(f"{n} blocks cannot fill {s} model stages (the middle ones need a block each)")
-    counts, j = [], n
-    for k in range(s, 0, -1):
-        counts.append(j - cut[k][j])
-        j = cut[k][j]
-    return counts[::-1]
+    the most even stage costs (`simulator.partition.balanced_split`). Middle stages get at
+    least one block."""
+    try:
+        return balanced_split(block_costs, num_stages, first, last, has_first=True, has_last=True)
+    except PartitionError as exc:
+        raise ModelError(f"{exc}") from None
 
 
 def _seconds(fn, repeats: int) -> float:

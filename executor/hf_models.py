@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .causal_lm import causal_lm_pipeline
-from .models import DTYPES, ModelError, PipelineModel, check_sizes
+from .models import DTYPES, ModelError, PipelineModel, check_layer_counts, check_sizes
 
 HF_PRESETS = ("hf-llama", "hf-gpt2")
 INSTALL = "pip install 'pipesched[hf]'"
@@ -34,13 +34,14 @@ def import_transformers():
 
 @dataclass(frozen=True)
 class HFModel:
-    """A preset: `layers_per_stage` blocks per model stage of `hidden` features, a
+    """A preset: `layers_per_stage` blocks per model stage (or a tuple with each model
+    stage's; the first and last may hold none, they hold the embedding and the head) of `hidden` features, a
     vocabulary of `vocab` tokens, microbatches of `microbatch_size` sequences of `seq`
     tokens."""
 
     kind: str = "hf-llama"
     hidden: int = 64
-    layers_per_stage: int = 1
+    layers_per_stage: int | tuple[int, ...] = 1
     microbatch_size: int = 4
     seq: int = 32
     vocab: int = 2048
@@ -52,7 +53,8 @@ class HFModel:
             raise ModelError(f"unknown preset {self.kind!r}; presets are {', '.join(HF_PRESETS)}")
         if self.dtype not in DTYPES:
             raise ModelError(f"unknown dtype {self.dtype!r}; dtypes are {', '.join(DTYPES)}")
-        check_sizes(self, ("hidden", "layers_per_stage", "microbatch_size", "seq", "vocab"))
+        check_sizes(self, ("hidden", "microbatch_size", "seq", "vocab"))
+        check_layer_counts(self.layers_per_stage, least=0)
         if self.hidden % (2 * self.heads):
             raise ModelError(f"{self.kind} --hidden must be a multiple of {2 * self.heads}, got {self.hidden}")
         return self
@@ -88,5 +90,11 @@ class HFModel:
 
     def build(self, num_model_stages: int, microbatches: int) -> PipelineModel:
         self.check()
-        model = self.causal_lm(self.layers_per_stage * num_model_stages)
+        counts = self.layers_per_stage
+        if isinstance(counts, tuple):
+            check_layer_counts(counts, num_model_stages, least=0)
+            model = self.causal_lm(sum(counts))
+            return causal_lm_pipeline(model, num_model_stages, self.tokens(microbatches), microbatches,
+                                      balance=list(counts), name=self.kind)
+        model = self.causal_lm(counts * num_model_stages)
         return causal_lm_pipeline(model, num_model_stages, self.tokens(microbatches), microbatches, name=self.kind)

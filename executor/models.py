@@ -99,14 +99,35 @@ def mse_loss(output: Tensor, target: Tensor) -> Tensor:
     return F.mse_loss(output, target)
 
 
+def check_layer_counts(layers_per_stage: int | tuple[int, ...], num_model_stages: int | None = None,
+                       least: int = 1) -> None:
+    """ModelError unless `layers_per_stage` is an integer >= 1 (every model stage) or a
+    tuple of integers >= `least`, one per model stage (when their number is known)."""
+    if isinstance(layers_per_stage, tuple):
+        if not layers_per_stage or any(not is_int(c) or c < least for c in layers_per_stage):
+            raise ModelError(f"--layers-per-stage needs integers >= {least}, one per model stage, "
+                             f"got {','.join(map(str, layers_per_stage))}")
+        if num_model_stages is not None and len(layers_per_stage) != num_model_stages:
+            raise ModelError(f"--layers-per-stage gives {len(layers_per_stage)} model stages "
+                             f"({','.join(map(str, layers_per_stage))}), the schedule has {num_model_stages}")
+    elif not is_int(layers_per_stage) or layers_per_stage < 1:
+        raise ModelError(f"--layers-per-stage must be an integer >= 1, got {layers_per_stage!r}")
+
+
+def layers_of_stage(layers_per_stage: int | tuple[int, ...], model_stage: int) -> int:
+    """Blocks on `model_stage`: the one count, or that stage's entry of an uneven split."""
+    return layers_per_stage[model_stage] if isinstance(layers_per_stage, tuple) else layers_per_stage
+
+
 @dataclass(frozen=True)
 class ExampleModel:
     """The validation models. Sizes: `hidden` features, `layers_per_stage` blocks per model
-    stage, `microbatch_size` samples per microbatch, `seq` tokens (transformer only)."""
+    stage (one count, or a tuple with each model stage's: an uneven split), `microbatch_size`
+    samples per microbatch, `seq` tokens (transformer only)."""
 
     kind: str = "mlp"
     hidden: int = 64
-    layers_per_stage: int = 2
+    layers_per_stage: int | tuple[int, ...] = 2
     microbatch_size: int = 8
     seq: int = 32
     dtype: str = "float32"
@@ -117,7 +138,8 @@ class ExampleModel:
             raise ModelError(f"unknown model {self.kind!r}; models are {', '.join(MODEL_KINDS)}")
         if self.dtype not in DTYPES:
             raise ModelError(f"unknown dtype {self.dtype!r}; dtypes are {', '.join(DTYPES)}")
-        check_sizes(self, ("hidden", "layers_per_stage", "microbatch_size", "seq"))
+        check_sizes(self, ("hidden", "microbatch_size", "seq"))
+        check_layer_counts(self.layers_per_stage)
         if self.kind == "transformer" and self.hidden % self.heads:
             raise ModelError(f"transformer --hidden must be a multiple of {self.heads}, got {self.hidden}")
         return self
@@ -134,10 +156,11 @@ class ExampleModel:
         """Model stage `model_stage`, initialised from its own seed (identical everywhere)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed * 100_003 + model_stage)
+            count = layers_of_stage(self.layers_per_stage, model_stage)
             if self.kind == "mlp":
-                blocks = [MLPBlock(self.hidden) for _ in range(self.layers_per_stage)]
+                blocks = [MLPBlock(self.hidden) for _ in range(count)]
             else:
-                blocks = [TransformerBlock(self.hidden, self.heads) for _ in range(self.layers_per_stage)]
+                blocks = [TransformerBlock(self.hidden, self.heads) for _ in range(count)]
             return nn.Sequential(*blocks).to(self.torch_dtype)
 
     def sample_shape(self) -> tuple[int, ...]:
@@ -154,6 +177,7 @@ class ExampleModel:
 
     def build(self, num_model_stages: int, microbatches: int) -> PipelineModel:
         self.check()
+        check_layer_counts(self.layers_per_stage, num_model_stages)
         pairs = [self.microbatch(i) for i in range(microbatches)]
         return PipelineModel([self.build_stage(k) for k in range(num_model_stages)], mse_loss,
                              [x for x, _ in pairs], [y for _, y in pairs])

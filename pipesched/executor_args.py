@@ -29,7 +29,9 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
                    help=f"hidden size (default {DEFAULT_HIDDEN['mlp']} for mlp, whose ops then take a few ms on a CPU "
                         f"core, long enough to predict well; {DEFAULT_HIDDEN['other']} for the others)")
     g.add_argument("--vocab", type=int, default=2048, help="vocabulary size, hf-* only (default 2048)")
-    g.add_argument("--layers-per-stage", type=int, default=2, help="blocks per model stage (default 2)")
+    g.add_argument("--layers-per-stage", type=layer_counts, default=2, metavar="N|N,N,..|balanced|even",
+                   help="blocks per model stage (default 2); a list gives each model stage its own (3,2,2,1); "
+                        "balanced or even: the split of the --costs file's layers section (docs/partition.md)")
     g.add_argument("--microbatch-size", type=int,
                    help=f"samples per microbatch (default {DEFAULT_MICROBATCH['mlp']} for mlp, "
                         f"{DEFAULT_MICROBATCH['other']} for the others)")
@@ -37,6 +39,33 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
+
+
+def layer_counts(text: str) -> int | tuple[int, ...] | str:
+    """--layers-per-stage: "2" (every model stage), "3,2,2,1" (each its own), or balanced/even."""
+    if text in ("balanced", "even"):
+        return text
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected a block count, counts per model stage such as 3,2,2,1, "
+                                         f"balanced or even, got {text!r}")
+    return counts[0] if len(counts) == 1 and "," not in text else counts
+
+
+def layers_from_costs(args: argparse.Namespace, schedule: Schedule) -> tuple[int, ...]:
+    """The split of the --costs file's layers for `schedule` (--layers-per-stage balanced|even)."""
+    from .options import costs_from_args
+
+    if not getattr(args, "costs", None):
+        raise UsageError(f"--layers-per-stage {args.layers_per_stage} splits the layers of a cost file: give "
+                         "--costs FILE with a layers section (docs/partition.md)")
+    costs = costs_from_args(args)
+    if costs.layers is None:
+        raise UsageError(f"--layers-per-stage {args.layers_per_stage} needs a layers section in {args.costs}")
+    return tuple(costs.layers.split(schedule.num_model_stages, args.layers_per_stage))
 
 
 def add_measurement_args(parser: argparse.ArgumentParser, warmup: int) -> None:
@@ -116,6 +145,11 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
     if args.microbatch_size is None:
         args.microbatch_size = DEFAULT_MICROBATCH[kind]
     microbatches = schedule.microbatches * replicas_of(args)  # the global batch, split across the replicas
+    if isinstance(args.layers_per_stage, str):
+        args.layers_per_stage = layers_from_costs(args, schedule)
+    if isinstance(args.layers_per_stage, tuple) and len(args.layers_per_stage) != schedule.num_model_stages:
+        raise UsageError(f"--layers-per-stage gives {len(args.layers_per_stage)} model stages, the schedule has "
+                         f"{schedule.num_model_stages}")
     if is_spec(args.model):
         return build_user_model(args.model, schedule.num_model_stages, microbatches)
     if args.model in EXAMPLES:

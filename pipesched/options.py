@@ -160,7 +160,8 @@ def _overlap(text: str) -> float:
 
 COST_DESTS = ("costs", "f", "b", "w", "latency", "bandwidth", "activation_bytes", "activation_memory",
               "weight_memory", "param_bytes", "ranks_per_node", "inter_latency", "inter_bandwidth", "overlap",
-              "op_overhead", "no_contention", "shared_compute", "rank_demand", "wait_demand", "blocking_sends")
+              "op_overhead", "no_contention", "shared_compute", "rank_demand", "wait_demand", "blocking_sends",
+              "partition")
 
 
 def add_cost_args(parser: argparse.ArgumentParser) -> None:
@@ -191,6 +192,22 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--wait-demand", type=float, metavar="W", help="cores a rank uses while it waits (default 0)")
     g.add_argument("--blocking-sends", action="store_true", help="ranks wait for their sends to finish")
     add_dp_args(parser, BANDWIDTH, SECONDS, BYTES)
+    g.add_argument("--partition", type=_partition, metavar="HOW",
+                   help="with a cost file's layers section: place the layers on model stages balanced (the "
+                        "slowest stage as fast as it can be; default), even (by count) or as given, e.g. 3,2,2,1")
+
+
+def _partition(text: str) -> str | tuple[int, ...]:
+    if text in ("balanced", "even"):
+        return text
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 0:
+        raise argparse.ArgumentTypeError(f"expected balanced, even or layers per model stage such as 3,2,2,1, "
+                                         f"got {text!r}")
+    return counts
 
 
 def costs_from_args(args: argparse.Namespace) -> CostModel:
@@ -204,6 +221,7 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
                        ("weight_memory", "weight_memory"), ("param_bytes", "param_bytes")):
         if getattr(args, flag) is not None:
             stage_over[name] = getattr(args, flag)
+    model = _apply_partition(model, getattr(args, "partition", None), stage_over)
     if stage_over:
         model = replace(model, stages=tuple(replace(s, **stage_over) for s in model.stages),
                         model_stages=None if model.model_stages is None else
@@ -231,10 +249,28 @@ def costs_from_args(args: argparse.Namespace) -> CostModel:
                     contention=model.contention and not args.no_contention,
                     blocking_sends=model.blocking_sends or args.blocking_sends)
     model = apply_dp_args(args, model).check()
-    if not any(_computes(s) for s in (*model.stages, *(model.model_stages or ()))) and not model.op_overhead:
+    computing = (*model.stages, *(model.model_stages or ())) if model.layers is None else \
+        (*model.layers.layers, *(p for p in (model.layers.embedding, model.layers.head) if p is not None))
+    if not any(_computes(s) for s in computing) and not model.op_overhead:
         raise UsageError("every op takes 0 s, so there is no timeline to predict; "
                          "give --f, --b or --w (or the cost file's times) > 0")
     return model
+
+
+def _apply_partition(model: CostModel, partition, stage_over: dict) -> CostModel:
+    """`model` with its layers split as --partition says; UsageError where --partition has
+    no layers to split or per-stage flags would be silently ignored by them."""
+    if model.layers is None:
+        if partition is not None:
+            raise UsageError("--partition needs a cost file with a layers section (see docs/partition.md)")
+        return model
+    if stage_over:
+        raise UsageError("the cost file states the model layer by layer; give activation and memory sizes "
+                         "in its layers section, not as --activation-bytes/--*-memory/--param-bytes")
+    if partition is None:
+        return model
+    from pipesched.simulator.layers import with_partition
+    return replace(model, layers=with_partition(model.layers, partition))
 
 
 def _computes(stage: StageCost) -> bool:

@@ -12,7 +12,10 @@ def print_costs(costs: CostModel) -> None:
     """A table of calibrated costs: per model stage, the links, shared compute."""
     print(f"{'stage':>5}  {'T_F':>9}  {'T_B':>9}  {'T_W':>9}  {'T_BW':>9}  {'sends':>10}  {'saved per F':>11}  "
           f"{'kept B->W':>10}  {'parameters':>10}")
-    for k, s in enumerate(costs.model_stages or costs.stages):
+    stages = costs.model_stages or costs.stages
+    if costs.layers is not None and not isinstance(costs.layers.partition, str):  # as calibrated
+        stages = costs.layers.stage_costs(costs.layers.partition)
+    for k, s in enumerate(stages):
         print(f"{k:>5}  {fmt_seconds(s.forward):>9}  {fmt_seconds(s.backward_input):>9}  "
               f"{fmt_seconds(s.backward_weight):>9}  {fmt_seconds(s.op_time('BW')):>9}  "
               f"{fmt_bytes(s.activation_bytes):>10}  {fmt_bytes(s.activation_memory):>11}  "

@@ -16,7 +16,7 @@ Constraints: p >= 1, m >= 1 (v is always 2).
 from __future__ import annotations
 
 from .greedy import PREFERENCES, OpTime, Rule, equal_durations, play, unit_times
-from .ir import B, F, W, Schedule, Task, check_positive, uniform_paths, v_stages
+from .ir import B, F, W, Schedule, ScheduleError, Task, check_positive, uniform_paths, v_stages
 from .timeline import fastest
 
 
@@ -65,7 +65,13 @@ def build_zb_v(ranks: int, microbatches: int, op_time: OpTime | None = None) -> 
         # at the lower bound, (p-1) forwards of skew plus one rank's work, so no candidate beats it
         # and a search would return it (the first candidate wins ties); see equal_durations
         return published
-    greedy = [play("zb-v", ranks, microbatches, stages, paths, mb_paths,
-                   Rule(memory_limit=lambda r: ranks, prefer=prefer), op_time, {"v": 2})
-              for prefer in PREFERENCES]
+    greedy = []
+    for prefer in PREFERENCES:
+        try:
+            greedy.append(play("zb-v", ranks, microbatches, stages, paths, mb_paths,
+                               Rule(memory_limit=lambda r: ranks, prefer=prefer), op_time, {"v": 2}))
+        except ScheduleError:
+            # under uneven model stages a greedy play-out can deadlock at the memory limit;
+            # the published order always runs, so that candidate is simply dropped
+            continue
     return fastest([published, *greedy], op_time or unit_times(ranks))

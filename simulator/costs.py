@@ -5,7 +5,8 @@ Units: seconds, bytes, bytes per second.
 Costs are given per *pipeline stage* (one rank's share of the model, 1/p of it). A
 schedule that cuts the model into S model stages charges each model stage p/S of its
 pipeline stage's compute and memory; transfer sizes (the activation at a boundary) do
-not shrink. A cost file may instead give every model stage its own costs.
+not shrink. A cost file may instead give every model stage its own costs, or the model
+layer by layer (`simulator.layers`), which each schedule splits into its model stages.
 """
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pipesched.schedules.ir import B, BW, F, R, W
 from pipesched.schedules.numbers import is_int, is_real
 from pipesched.schedules.outputs import write_text
 
 from .units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
+
+if TYPE_CHECKING:
+    from .layers import LayerCosts
 
 try:
     import tomllib
@@ -340,6 +344,8 @@ class CostModel:
     data_parallel: replicas of the pipeline and their gradient all-reduce (the step's
         tail, see simulator.data_parallel); the default, degree 1, adds nothing unless a
         stage's optimizer_time is set.
+    layers: the model layer by layer (`simulator.layers`), instead of `stages` and
+        `model_stages`: each schedule's model stages are its split of the layers.
     """
 
     stages: tuple[StageCost, ...] = (StageCost(),)
@@ -354,6 +360,7 @@ class CostModel:
     comm_buffers: bool = True
     recv_lookahead: int = 2
     data_parallel: DataParallel = DataParallel()
+    layers: LayerCosts | None = None
     meta: dict = field(default_factory=dict, compare=False)
 
     def check(self) -> "CostModel":
@@ -381,18 +388,25 @@ class CostModel:
         if not isinstance(self.data_parallel, DataParallel):
             raise CostError("data_parallel must be an object with degree, latency, bandwidth and bucket_bytes")
         self.data_parallel.check()
+        if self.layers is not None:
+            if self.model_stages is not None:
+                raise CostError("give the model either as layers or as model_stages, not both")
+            self.layers.check()
         return self
 
     def model_stage_costs(self, ranks: int, num_model_stages: int) -> list[StageCost]:
         """Costs of each of S model stages of a schedule on `ranks` ranks.
 
-        `model_stages` given for a finer split of the same model (S divides their number)
-        are merged, k consecutive stages into one (`merged`: exact for op times and
-        memory); given for a coarser split (their number divides S), each is cut into
-        equal parts (`StageCost.scaled`: assumes its layers cost alike). So a model
-        calibrated once predicts schedules of any number of chunks per rank. CostError
-        for any other number: silently using `stages` instead would predict a model the
-        user did not describe."""
+        With `layers`, the model stages of their split (CostError when S exceeds what the
+        layers fill). `model_stages` given for a finer split of the same model (S divides
+        their number) are merged, k consecutive stages into one (`merged`: exact for op
+        times and memory); given for a coarser split (their number divides S), each is
+        cut into equal parts (`StageCost.scaled`: assumes its layers cost alike). So a
+        model calibrated once predicts schedules of any number of chunks per rank.
+        CostError for any other number: silently using `stages` instead would predict a
+        model the user did not describe."""
+        if self.layers is not None:
+            return self.layers.stage_costs(self.layers.split(num_model_stages))
         if self.model_stages is not None:
             have = len(self.model_stages)
             if have == num_model_stages:
@@ -508,7 +522,8 @@ def from_dict(data: Any) -> CostModel:
     if fmt != FORMAT:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
-               "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead", "data_parallel", "meta"}
+               "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead",
+               "data_parallel", "layers", "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -571,11 +586,18 @@ def from_dict(data: Any) -> CostModel:
     if unknown:
         raise CostError(f"data_parallel has unknown field {unknown[0]!r}; fields are {', '.join(sorted(dp_fields))}")
     data_parallel = DataParallel(**_units(dp, "data_parallel"))
+    layers = None
+    if "layers" in data:
+        from .layers import layers_from_dict  # it builds on this module
+        both = next((k for k in ("stage", "stages", "model_stages") if k in data), None)
+        if both:
+            raise CostError(f"give the model either layer by layer (layers) or per stage ({both}), not both")
+        layers = layers_from_dict(data["layers"])
     return CostModel(stages=stages, model_stages=model_stages, overlap=overlap, network=network,
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
                      op_overhead=_units(data, "cost file").get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
-                     data_parallel=data_parallel, meta=meta).check()
+                     data_parallel=data_parallel, layers=layers, meta=meta).check()
 
 
 def to_dict(model: CostModel) -> dict:
@@ -598,7 +620,9 @@ def to_dict(model: CostModel) -> dict:
         net["ranks_per_node"] = model.network.ranks_per_node
     if model.network.inter is not None:
         net["inter_node"] = link(model.network.inter)
-    doc: dict[str, Any] = {"format": FORMAT, "stages": [stage(s) for s in model.stages]}
+    doc: dict[str, Any] = {"format": FORMAT}
+    if model.layers is None:  # layers replace the per-stage costs
+        doc["stages"] = [stage(s) for s in model.stages]
     if model.model_stages is not None:
         doc["model_stages"] = [stage(s) for s in model.model_stages]
     doc.update(overlap=model.overlap, network=net, contention=model.contention,
@@ -621,6 +645,9 @@ def to_dict(model: CostModel) -> dict:
             doc["data_parallel"]["bandwidth"] = dp.bandwidth
         if dp.bucket_bytes is not None:
             doc["data_parallel"]["bucket_bytes"] = dp.bucket_bytes
+    if model.layers is not None:
+        from .layers import layers_to_dict
+        doc["layers"] = layers_to_dict(model.layers)
     if model.meta:
         doc["meta"] = model.meta
     return doc

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,10 @@ HAND_WRITTEN = {
          {"op": "F", "mb": 1, "stage": 2}, {"op": "BW", "mb": 0, "stage": 2}, {"op": "BW", "mb": 0, "stage": 1},
          {"op": "B", "mb": 1, "stage": 2}, {"op": "B", "mb": 1, "stage": 1}, {"op": "W", "mb": 1, "stage": 2},
          {"op": "W", "mb": 1, "stage": 1}]]}
+# uneven stages: each model stage its own number of blocks (a partitioner's split)
+UNEVEN = [("1f1b uneven 3,1", build("1f1b", 2, 4), replace(MLP64, layers_per_stage=(3, 1)), RunOptions()),
+          ("zb-v uneven 1,3,2,1", build("zb-v", 2, 4), replace(TRANSFORMER64, layers_per_stage=(1, 3, 2, 1)),
+           RunOptions())]
 
 
 def run_cases(ctx, cases: list) -> dict | None:
@@ -87,6 +92,7 @@ def p2() -> dict[str, RunResult]:
         ("zb-v all receives posted first", build("zb-v", 2, 4), MLP64, RunOptions(lookahead=-1)),
         ("1f1b no lookahead, 2 steps", build("1f1b", 2, 4), MLP64, RunOptions(lookahead=0, steps=2, warmup=1)),
         ("1f1b clock ping", build("1f1b", 2, 4), MLP64, RunOptions(clock_ping=True)),
+        *UNEVEN,
     ]
     cases += [(f"{name} float32 {model.kind}", build(name, 2, 8), model, RunOptions())
               for name in ("1f1b", "zb-v", "dualpipe") for model in (MLP32, TRANSFORMER32)]
@@ -143,7 +149,7 @@ def check_exact(result: RunResult) -> None:
 
 
 @pytest.mark.parametrize("case", [c[0] for c in cases_for(2, 4, 1)] + [
-    "file", "zb-v all receives posted first", "1f1b no lookahead, 2 steps", "1f1b clock ping"])
+    "file", "zb-v all receives posted first", "1f1b no lookahead, 2 steps", "1f1b clock ping"] + [c[0] for c in UNEVEN])
 def test_p2_matches_reference_in_float64(p2, case):
     check_exact(p2[case])
 

@@ -17,6 +17,7 @@ from ..errors import UsageError
 from ..executor_args import (add_calibration_args, add_executor_args, bucket_of, calibration_options,
                              check_launchable_ranks, import_executor, model_from_args, prepare_checked, replicas_of)
 from ..options import add_schedule_args, schedule_from_args
+from ..formatting import fmt_seconds
 from ..tables import print_costs
 from ..terminal import check_outputs, wrote
 
@@ -28,6 +29,9 @@ def add_parser(sub) -> None:
     add_calibration_args(p)
     p.add_argument("-o", "--output", metavar="COSTS.json", required=True, help="write the cost file here")
     p.add_argument("--json", action="store_true", help="print the cost file instead of a table")
+    p.add_argument("--per-layer", action="store_true",
+                   help="also time every layer on its own and write the model layer by layer (a layers section "
+                        "that simulate --partition can re-split; docs/partition.md)")
     p.set_defaults(handler=run)
 
 
@@ -56,10 +60,43 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if costs is None:  # a rank other than 0 under torchrun
         return 0
+    if args.per_layer:
+        costs = measured_layers(costs, model, schedule, args)
     save(costs, args.output)
     if args.json:
         print(json.dumps(to_dict(costs), indent=1))
     else:
         print_costs(costs)
+        if costs.layers is not None:
+            print_layers(costs)
     wrote(args.output, to_stderr=args.json)
     return 0
+
+
+def measured_layers(costs, model, schedule, args):
+    """The calibrated costs with every layer timed on its own here (with the ranks' threads)."""
+    from pipesched.executor.layer_profile import with_measured_layers
+    from pipesched.executor.models import ExampleModel
+
+    built = model.build(schedule.num_model_stages, schedule.microbatches) if isinstance(model, ExampleModel) else model
+    threads = costs.meta.get("calibrated", {}).get("threads_per_rank")
+    return with_measured_layers(costs, built, threads, args.repeats, args.calibration_warmup)
+
+
+def print_layers(costs) -> None:
+    """Per model stage: the sum of its layers' F+B+W against the stage timed whole."""
+    layers = costs.layers
+    counts = list(layers.partition)
+    summed = layers.stage_costs(counts)
+    whole = costs.meta.get("per_stage_measured", [])
+    print(f"layers: {len(layers.layers)} timed one by one"
+          f"{', embedding' if layers.embedding else ''}{', head + loss' if layers.head else ''} (the table above "
+          "sums them); per model stage F+B+W, the sum of its layers against the stage timed whole:")
+    for k, s in enumerate(summed):
+        mine = s.forward + s.backward_input + s.backward_weight
+        line = f"  stage {k} ({counts[k]} layers): {fmt_seconds(mine)}"
+        if k < len(whole):
+            w = whole[k]
+            total = w["forward"] + w["backward_input"] + w["backward_weight"]
+            line += f" vs {fmt_seconds(total)} ({100 * (mine / total - 1):+.1f} %)"
+        print(line)

@@ -9,6 +9,7 @@ import numpy as np
 
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
+from pipesched.simulator.layers import OBJECTIVE_LABELS, split_summary
 from pipesched.simulator.metrics import Metrics, compute_metrics
 from pipesched.simulator.stochastic import makespan_stats
 from pipesched.simulator.trace import Trace
@@ -76,6 +77,14 @@ def print_table(m: Metrics, engine: str, model_stages: int, data_parallel: dict 
           f"{fmt_seconds(m.makespan)}; starts with {m.critical_path[0]}, ends with {m.critical_path[-1]}")
 
 
+def print_split(split: dict) -> None:
+    """One line: the layers on each model stage and the stages' loads."""
+    loads = split["stage_seconds"]
+    print(f"layers per model stage {','.join(map(str, split['layers_per_stage']))} ({split['partition']}; "
+          f"{OBJECTIVE_LABELS[split['objective']]} per stage {', '.join(fmt_seconds(x) for x in loads)}, "
+          f"slowest {fmt_seconds(max(loads))})")
+
+
 def check_stochastic_args(args: argparse.Namespace) -> None:
     """--runs within its bound; --cv and --seed only with --runs (they do nothing else)."""
     if args.runs is None:
@@ -136,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = summary(metrics)
         out["model_stages"] = schedule.num_model_stages
+        if costs.layers is not None:
+            out["layers"] = split_summary(costs.layers, schedule.num_model_stages)
         out["engine"] = trace.meta["engine"]
         if "engine_choice" in trace.meta:
             out["engine_choice"] = trace.meta["engine_choice"]
@@ -144,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print_table(metrics, engine_label(trace), schedule.num_model_stages, trace.meta.get("data_parallel"))
+    if costs.layers is not None:
+        print_split(split_summary(costs.layers, schedule.num_model_stages))
     if stats:
         print(f"stochastic ({stats.runs} runs, cv {stats.cv:g}, seed {stats.seed}): makespan mean "
               f"{fmt_seconds(stats.mean)}, p50 {fmt_seconds(stats.p50)}, p95 {fmt_seconds(stats.p95)}, "

@@ -1,0 +1,208 @@
+"""Per-layer costs: a model stated layer by layer, and the model stages a split makes of it.
+
+Every layer, and the embedding (on the first model stage) and the LM head with the loss
+(on the last), has the fields of a `StageCost` (seconds and bytes per microbatch); a
+layer's `activation_bytes` is the size of its output, sent on when the layer ends a
+model stage. A model stage's costs are the sums of its pieces' times and memories, its
+`activation_bytes` that of its last piece before the head.
+
+`LayerCosts.split(S)` places the layers on S model stages: "balanced" (the partitioner,
+`simulator.partition`, on the weight `objective` names), "even" (by count) or explicit
+counts. In a cost file this is the `layers` section (see docs/partition.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any, Sequence
+
+from pipesched.schedules.numbers import is_int
+
+from .costs import CostError, StageCost, _stage
+from .partition import PartitionError, balanced_split, check_counts, even_split, stage_loads
+
+PARTITIONS = ("balanced", "even")
+OBJECTIVES = {
+    "fbw": "F + B + W: a stage's whole work per microbatch (every schedule runs each op once)",
+    "fb": "F + B: the work on the critical path of zero-bubble schedules, whose W fill bubbles",
+    "f": "F alone",
+}
+OBJECTIVE_LABELS = {"fbw": "F+B+W", "fb": "F+B", "f": "F"}
+
+
+def piece_weight(cost: StageCost, objective: str) -> float:
+    """Seconds the partitioner balances for one layer (or extra) under `objective`."""
+    if objective == "f":
+        return cost.forward
+    if objective == "fb":
+        return cost.forward + cost.backward_input
+    return cost.forward + cost.backward_input + cost.backward_weight
+
+
+def sum_costs(pieces: Sequence[StageCost], boundary: float) -> StageCost:
+    """One model stage made of `pieces` (in order); it sends `boundary` bytes on."""
+    def total(name: str) -> float:
+        return math.fsum(getattr(p, name) for p in pieces)
+
+    fused = [p.backward_full for p in pieces]
+    backward_full = None if all(b is None for b in fused) else math.fsum(
+        p.backward_input + p.backward_weight if p.backward_full is None else p.backward_full for p in pieces)
+    return StageCost(forward=total("forward"), backward_input=total("backward_input"),
+                     backward_weight=total("backward_weight"), backward_full=backward_full,
+                     activation_bytes=boundary, activation_memory=total("activation_memory"),
+                     weight_memory=total("weight_memory"), param_bytes=total("param_bytes"),
+                     grad_accumulate=total("grad_accumulate"))
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """A model as consecutive layers (each a StageCost of that one layer), with an
+    optional `embedding` before them and `head` (LM head + loss) after them.
+    `partition`: "balanced", "even" or layers per model stage; `objective`: the weight
+    "balanced" evens out (see OBJECTIVES)."""
+
+    layers: tuple[StageCost, ...]
+    embedding: StageCost | None = None
+    head: StageCost | None = None
+    partition: str | tuple[int, ...] = "balanced"
+    objective: str = "fbw"
+
+    def check(self) -> "LayerCosts":
+        if not self.layers:
+            raise CostError("layers needs at least one layer (count >= 1 or a non-empty list)")
+        for i, layer in enumerate(self.layers):
+            layer.check(f"layers.list[{i}]")
+        for name in ("embedding", "head"):
+            if getattr(self, name) is not None:
+                getattr(self, name).check(f"layers.{name}")
+        if self.objective not in OBJECTIVES:
+            raise CostError(f"layers.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if isinstance(self.partition, str):
+            if self.partition not in PARTITIONS:
+                raise CostError(f"layers.partition must be balanced, even or a list of layer counts, "
+                                f"got {self.partition!r}")
+        elif not isinstance(self.partition, tuple) or not self.partition or \
+                any(not is_int(c) or c < 0 for c in self.partition):
+            raise CostError(f"layers.partition must be balanced, even or a list of layer counts >= 0, "
+                            f"got {self.partition!r}")
+        return self
+
+    def weights(self) -> tuple[list[float], float, float]:
+        """(each layer's, the embedding's, the head's) weight under the objective, seconds."""
+        def w(c: StageCost | None) -> float:
+            return 0.0 if c is None else piece_weight(c, self.objective)
+        return [w(c) for c in self.layers], w(self.embedding), w(self.head)
+
+    def split(self, num_stages: int, partition: str | Sequence[int] | None = None) -> list[int]:
+        """Layers per model stage for `num_stages` stages under `partition` (default: this
+        model's); CostError when it cannot be (more stages than layers, bad counts)."""
+        how = self.partition if partition is None else partition
+        n, has_first, has_last = len(self.layers), self.embedding is not None, self.head is not None
+        try:
+            if how == "even":
+                return even_split(n, num_stages, has_first, has_last)
+            if how == "balanced":
+                weights, first, last = self.weights()
+                return balanced_split(weights, num_stages, first, last, has_first, has_last)
+            return check_counts(how, n, num_stages, has_first, has_last)
+        except PartitionError as exc:
+            raise CostError(str(exc)) from None
+
+    def loads(self, counts: Sequence[int]) -> list[float]:
+        """Each model stage's weight (seconds) under the split `counts`."""
+        weights, first, last = self.weights()
+        return stage_loads(weights, counts, first, last)
+
+    def stage_costs(self, counts: Sequence[int]) -> list[StageCost]:
+        """The per-model-stage costs of the split `counts` (one StageCost per stage)."""
+        out, start = [], 0
+        for k, c in enumerate(counts):
+            pieces = list(self.layers[start:start + c])
+            if k == 0 and self.embedding is not None:
+                pieces.insert(0, self.embedding)
+            boundary = pieces[-1].activation_bytes if pieces else 0.0
+            if k == len(counts) - 1:
+                boundary = 0.0  # the last stage sends nothing on
+                if self.head is not None:
+                    pieces.append(self.head)
+            out.append(sum_costs(pieces, boundary))
+            start += c
+        return out
+
+
+_FIELDS = {"layer", "count", "list", "embedding", "head", "partition", "objective"}
+_ZERO_TIMES = {"forward": 0.0, "backward_input": 0.0, "backward_weight": 0.0}
+
+
+def _piece(data: Any, where: str) -> StageCost:
+    """One layer or extra; times it does not give are 0 (not the 1 s of a `stage`)."""
+    if not isinstance(data, dict):
+        raise CostError(f"{where} must be an object of layer costs, got {type(data).__name__}")
+    return _stage({**_ZERO_TIMES, **data}, where)
+
+
+def layers_from_dict(data: Any) -> LayerCosts:
+    """The `layers` section of a cost file: `layer` (defaults for every layer), `count`
+    copies of it or a `list` of layers (each over those defaults), optional `embedding`
+    and `head`, `partition` and `objective`. Times a piece does not give are 0 s."""
+    if not isinstance(data, dict):
+        raise CostError("layers must be an object with layer/count or list, embedding, head, partition")
+    unknown = sorted(set(data) - _FIELDS)
+    if unknown:
+        raise CostError(f"layers has unknown field {unknown[0]!r}; fields are {', '.join(sorted(_FIELDS))}")
+    base = data.get("layer", {})
+    if not isinstance(base, dict):
+        raise CostError("layers.layer must be an object of layer costs")
+    count = data.get("count")
+    if count is not None and (not is_int(count) or count < 1):
+        raise CostError(f"layers.count must be an integer >= 1, got {count!r}")
+    if "list" in data:
+        items = data["list"]
+        if not isinstance(items, list) or not items:
+            raise CostError("layers.list must be a non-empty list of layer costs")
+        if count is not None and count != len(items):
+            raise CostError(f"layers.count is {count} but layers.list has {len(items)} layers")
+        layers = tuple(_piece({**base, **item} if isinstance(item, dict) else item, f"layers.list[{i}]")
+                       for i, item in enumerate(items))
+    elif count is not None:
+        layers = (_piece(base, "layers.layer"),) * count
+    else:
+        raise CostError("layers needs count (copies of layers.layer) or list (one entry per layer)")
+    extras = {name: _piece(data[name], f"layers.{name}") for name in ("embedding", "head") if name in data}
+    partition = data.get("partition", "balanced")
+    if isinstance(partition, list):
+        partition = tuple(partition)
+    return LayerCosts(layers, extras.get("embedding"), extras.get("head"), partition,
+                      data.get("objective", "fbw")).check()
+
+
+def layers_to_dict(model: LayerCosts) -> dict:
+    """The `layers` section of `model` (round-trips through layers_from_dict)."""
+    def stage(s: StageCost) -> dict:
+        return {f.name: getattr(s, f.name) for f in fields(StageCost) if getattr(s, f.name) is not None}
+
+    doc: dict[str, Any] = {}
+    if len(set(model.layers)) == 1:
+        doc.update(layer=stage(model.layers[0]), count=len(model.layers))
+    else:
+        doc["list"] = [stage(s) for s in model.layers]
+    for name in ("embedding", "head"):
+        if getattr(model, name) is not None:
+            doc[name] = stage(getattr(model, name))
+    doc["partition"] = model.partition if isinstance(model.partition, str) else list(model.partition)
+    doc["objective"] = model.objective
+    return doc
+
+
+def with_partition(model: LayerCosts, partition: str | Sequence[int]) -> LayerCosts:
+    """`model` split another way ("balanced", "even" or counts)."""
+    return replace(model, partition=partition if isinstance(partition, str) else tuple(partition)).check()
+
+
+def split_summary(model: LayerCosts, num_stages: int) -> dict:
+    """The split a schedule of `num_stages` model stages gets: how it was chosen, layers
+    per stage and each stage's weight (seconds), for reports."""
+    counts = model.split(num_stages)
+    how = model.partition if isinstance(model.partition, str) else "given"
+    return {"partition": how, "objective": model.objective, "layers_per_stage": counts,
+            "stage_seconds": model.loads(counts)}
