@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from .activations import peak_activations
-from .bounded import play_timed, plays_at
+from .bounded import exact_bound, play_timed, plays_at
 from .greedy import OpTime, unit_times
 from .ir import Schedule, ScheduleError, VirtualStage, check_positive, looped_stages, uniform_paths, v_stages
 from .timeline import makespan_under
@@ -90,13 +90,17 @@ def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: flo
            op_time: OpTime) -> list[tuple[Schedule, float]]:
     """Play-outs at `limit` that hold at most `limit`, with their free-transfer makespans;
     on the V the reserving plays also run half a microbatch above it (they often hold
-    less than they were allowed)."""
+    less than they were allowed). Those after SCORED_PLAYS at the exact bound are left
+    out: sorted by makespan, the first SCORED_PLAYS are the same."""
     paths, mb_paths = uniform_paths(stages, microbatches)
     two = len(stages) > ranks
     plays = plays_at(limit)
     if two and stages[0].rank == stages[-1].rank:  # the V: reservation is loosest there
         plays += [replace(how, limit=limit + 0.5) for how in plays_at(limit, eager=False) if how.reserve]
-    out = []
+    # Only the SCORED_PLAYS fastest (the first of equals) are scored: once that many sit at a
+    # bound no play can beat, the plays still to come could only tie them and sort after.
+    bound = exact_bound(ranks, microbatches, stages, paths, mb_paths, op_time)
+    out, at_bound = [], 0
     for how in plays:
         try:
             s, makespan = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
@@ -105,6 +109,9 @@ def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: flo
             continue  # one microbatch does not fit
         if peak_activations(s) <= limit + 1e-9:
             out.append((s, makespan))
+            at_bound += bound is not None and makespan <= bound
+            if at_bound >= SCORED_PLAYS:
+                break
     return out
 
 
