@@ -75,10 +75,12 @@ def cost_flags_given(args: argparse.Namespace) -> bool:
 
 
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks: int | None,
-                  costs: CostModel | None = None, budget: Budget = Budget()) -> Schedule:
+                  costs: CostModel | None = None, budget: Budget = Budget(),
+                  builtins: list[Schedule] | None = None, seen: dict | None = None) -> Schedule:
     """A schedule from a name, torch:NAME, a schedule file or a torch CSV. Built-in
     schedules that adapt to costs are built for `costs`' op durations; zb-auto searches
-    under `budget` and any other schedule must fit it (UsageError)."""
+    under `budget` and any other schedule must fit it (UsageError). `builtins` and
+    `seen`: built-ins already built and evaluated, for zb-auto (`budget.build_within`)."""
     path = Path(spec)
     if path.is_dir():
         raise UsageError(f"schedule {spec!r} is a directory; give a built-in name or a schedule file")
@@ -108,7 +110,7 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
         return schedule
     if costs is None and not budget:
         return build(spec, ranks, microbatches, chunks)
-    return build_within(spec, ranks, microbatches, chunks, costs or CostModel(), budget)
+    return build_within(spec, ranks, microbatches, chunks, costs or CostModel(), budget, builtins, seen)
 
 
 def schedule_from_args(args: argparse.Namespace, costs: CostModel | None = None) -> Schedule:

@@ -65,23 +65,29 @@ def one_copy(schedule: Schedule) -> bool:
 
 
 def builtin_candidates(ranks: int, microbatches: int, chunks: Iterable[int],
-                       op_time: OpTime | None) -> list[Schedule]:
+                       op_time: OpTime | None, built: dict | None = None) -> list[Schedule]:
     """Every other built-in with these v that can be built for p and m and keeps one
-    copy of each model stage."""
+    copy of each model stage. `built`: what the caller already built for these p, m and
+    durations, by (name, chunks as given to `registry.build`), a Schedule or the
+    ScheduleError building raised; used instead of building again."""
     from .registry import BUILDERS, build  # the registry lists zb-auto itself
 
+    built = {} if built is None else built
     out = []
     for name, builder in BUILDERS.items():
-        if name == "zb-auto":
+        if builder.searches:
             continue
         for v in chunks:
             if builder.chunks is not None and builder.chunks != v:
                 continue
-            try:
-                s = build(name, ranks, microbatches, None if builder.chunks else v, op_time)
-            except ScheduleError:
-                continue  # e.g. dualpipe needs p and m even
-            if one_copy(s):
+            arg = None if builder.chunks else v
+            s = built.get((name, arg))
+            if s is None:
+                try:
+                    s = build(name, ranks, microbatches, arg, op_time)
+                except ScheduleError:
+                    continue  # e.g. dualpipe needs p and m even
+            if isinstance(s, Schedule) and one_copy(s):
                 out.append(s)
     return out
 
