@@ -16,7 +16,7 @@ from pipesched.schedules.activations import peak_activations
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
-from pipesched.simulator.api import simulate
+from pipesched.simulator.api import exact_makespan, simulate
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.metrics import compute_metrics
 
@@ -94,13 +94,28 @@ def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget()) ->
 
 def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None = None):
     """zb-auto's score: the simulated makespan under `costs`, inf when over `budget`.
-    `seen` collects every evaluation by id(schedule)."""
+    `seen` collects every evaluation by id(schedule) and answers from those it has.
+    Without a byte limit, on the exact engine, a candidate `seen` lacks is only timed
+    (`exact_makespan`: the same makespan, no trace or memory), not evaluated: a search
+    scores many candidates and keeps one, which its caller then evaluates."""
     seen = {} if seen is None else seen
+    timed: dict[int, tuple[Schedule, float]] = {}  # the schedule kept, so its id stays its own
 
     def score(schedule: Schedule) -> float:
         ev = seen.get(id(schedule))
-        if ev is None:
-            ev = seen[id(schedule)] = evaluate(schedule, costs, budget)
+        if ev is not None:
+            return ev.makespan if budget.admits(ev.peak_bytes, ev.peak_activations) else math.inf
+        if budget.memory_limit is None and engine_for(costs) == "exact":
+            if not budget.admits(0.0, peak_activations(schedule)):
+                return math.inf
+            if id(schedule) not in timed:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    makespan = exact_makespan(schedule, costs)
+                if not math.isfinite(makespan):
+                    raise UsageError("the costs are too large: predicted times or memory overflow to infinity")
+                timed[id(schedule)] = (schedule, makespan)
+            return timed[id(schedule)][1]
+        ev = seen[id(schedule)] = evaluate(schedule, costs, budget)
         return ev.makespan if budget.admits(ev.peak_bytes, ev.peak_activations) else math.inf
 
     return score

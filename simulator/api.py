@@ -59,3 +59,22 @@ def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Tra
         meta["shared_compute"] = {"capacity": costs.host.capacity, "compute_demand": costs.host.compute_demand,
                                   "wait_demand": costs.host.wait_demand}
     return to_trace(graph, timing, timeline, meta)
+
+
+def exact_makespan(schedule: Schedule | TaskGraph, costs: CostModel) -> float:
+    """The makespan (seconds, first op start to last op end) that `simulate` with the
+    exact engine and `metrics.compute_metrics` give, without building the Trace (no
+    transfer spans, no memory samples): what a search needs to rank candidates.
+    ScheduleError, CostError and ValueError as `simulate(..., engine="exact")`."""
+    if not isinstance(costs, CostModel):
+        raise CostError(f"costs must be a CostModel, got {type(costs).__name__}")
+    costs.check()
+    if costs.host is not None:
+        raise ValueError("the exact engine cannot model ranks sharing compute; use the DES")
+    graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
+    with gc_paused(), np.errstate(over="ignore", invalid="ignore"):
+        timeline = longest_path(graph, resolve(graph, costs))
+        start, end = np.asarray(timeline.task_start), np.asarray(timeline.task_end)
+        if not (len(end) and np.isfinite(end).all()):
+            raise CostError("the costs are too large: predicted times or memory overflow to infinity")
+        return float(end.max()) - float(start.min())

@@ -78,3 +78,14 @@ def test_zb_auto_in_a_sweep_is_the_schedule_it_is_alone():
             alone = build_within("zb-auto", p, m, v, costs, Budget())
             row = next(r for r in rows if r.point.schedule == "zb-auto" and r.point.microbatches == m)
             assert row.point.makespan == compute_metrics(simulate(alone, costs, engine="exact")).makespan
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-v", "dualpipe", "interleaved-1f1b"])
+def test_the_makespan_a_search_ranks_by_is_the_simulated_one(name):
+    from pipesched.simulator.api import exact_makespan
+    from pipesched.simulator.costs import Link, Network
+
+    costs = uniform(1e-3, 2e-3, 1e-3, activation_bytes=8e6, activation_memory=1e8, overlap=0.5,
+                    network=Network(Link(2e-5, 1e10)))
+    schedule = build(name, 4, 8)
+    assert exact_makespan(schedule, costs) == compute_metrics(simulate(schedule, costs, engine="exact")).makespan
