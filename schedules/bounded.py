@@ -214,6 +214,7 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
     ready_f = [nan] * n_stages
     ready_b = [nan] * n_stages
     push, pop = heapq.heappush, heapq.heappop
+    new = tuple.__new__  # new(Task, ...) skips the NamedTuple's Python-level constructor
 
     while heap:
         t, r = pop(heap)
@@ -238,7 +239,10 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
                     d = 3 * (mb * depth + k - 1)
                     x = done_at[d]
                     if x != x:
-                        waiting.setdefault(d, set()).add(r)
+                        if d in waiting:  # (no new set per look when one is there)
+                            waiting[d].add(r)
+                        else:
+                            waiting[d] = {r}
                         continue
                     at = x if x > 0.0 else 0.0
                 else:
@@ -265,13 +269,19 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
                 base = mb * depth + k
                 x = done_at[3 * base]
                 if x != x:
-                    waiting.setdefault(3 * base, set()).add(r)
+                    if 3 * base in waiting:  # (no new set per look when one is there)
+                        waiting[3 * base].add(r)
+                    else:
+                        waiting[3 * base] = {r}
                     continue
                 at = x if x > 0.0 else 0.0
                 if k + 1 < depth:
                     x = done_at[3 * base + 4]
                     if x != x:
-                        waiting.setdefault(3 * base + 4, set()).add(r)
+                        if 3 * base + 4 in waiting:  # (no new set per look when one is there)
+                            waiting[3 * base + 4].add(r)
+                        else:
+                            waiting[3 * base + 4] = {r}
                         continue
                     if x > at:
                         at = x
@@ -302,7 +312,7 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
         remaining[r] -= 1
         if code == 0:
             end = t + dur_f[s]
-            programs[r].append(Task(F, mb, s))
+            programs[r].append(new(Task, (F, mb, s)))
             done_at[tid] = end
             next_f[s] += 1
             ready_f[s] = nan
@@ -314,7 +324,7 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
             last_f[r] = True
         elif code == 1:
             end = t + dur_b[s]
-            programs[r].append(Task(bwd, mb, s))
+            programs[r].append(new(Task, (bwd, mb, s)))
             done_at[tid] = end
             next_b[s] += 1
             ready_b[s] = nan
@@ -322,7 +332,7 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
             if fused:
                 held[r] -= share
             elif eager_w:
-                programs[r].append(Task(W, mb, s))
+                programs[r].append(new(Task, (W, mb, s)))
                 remaining[r] -= 1
                 end += dur_w[s]
                 done_at[tid + 1] = end
@@ -331,7 +341,7 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
                 pending_w[r].append((mb, k, s))
         else:
             end = t + dur_w[s]
-            programs[r].append(Task(W, mb, s))
+            programs[r].append(new(Task, (W, mb, s)))
             done_at[tid] = end
             held[r] -= share
         free[r] = end
@@ -382,9 +392,18 @@ _PLAYED = _PlayCache(max_ops=2_000_000)  # about 160 MB of Task tuples at most
 def fastest_play(name: str, ranks: int, microbatches: int, stages: list[VirtualStage],
                  paths: list[list[int]], microbatch_paths: list[int], plays: list[Play],
                  op_time: OpTime | None = None, params: dict | None = None) -> Schedule:
-    """The play-out that finishes first under `op_time` with free transfers (ties: the first)."""
-    timed = [play_timed(name, ranks, microbatches, stages, paths, microbatch_paths, how, op_time, params)
-             for how in plays]
+    """The play-out that finishes first under `op_time` with free transfers (ties: the first).
+    One at `exact_bound` cannot be beaten, only tied, so the plays after it are not played."""
+    op_time = op_time or unit_times(ranks)
+    same_ops = len({how.split for how in plays}) == 1
+    timed, bound = [], None
+    for how in plays:
+        timed.append(play_timed(name, ranks, microbatches, stages, paths, microbatch_paths, how, op_time, params))
+        if bound is None:  # after a play, which has checked the durations
+            bound = (exact_bound(ranks, microbatches, stages, paths, microbatch_paths, op_time, how.split)
+                     if same_ops else None) or -math.inf
+        if timed[-1][1] <= bound:
+            break
     return min(timed, key=lambda x: x[1])[0]
 
 

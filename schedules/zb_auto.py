@@ -105,17 +105,18 @@ def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: flo
         plays += [replace(how, limit=limit + 0.5) for how in plays_at(limit, eager=False) if how.reserve]
     # Only the SCORED_PLAYS fastest (the first of equals) are scored: once that many sit at a
     # bound no play can beat, the plays still to come could only tie them and sort after.
-    bound = exact_bound(ranks, microbatches, stages, paths, mb_paths, op_time)
-    out, at_bound = [], 0
+    out, at_bound, bound = [], 0, None
     for how in plays:
         try:
             s, makespan = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
                                      {"v": 2 if two else 1})
         except ScheduleError:
             continue  # one microbatch does not fit
+        if bound is None:  # after a play, which has checked the durations
+            bound = exact_bound(ranks, microbatches, stages, paths, mb_paths, op_time) or -math.inf
         if peak_activations(s) <= limit + 1e-9:
             out.append((s, makespan))
-            at_bound += bound is not None and makespan <= bound
+            at_bound += makespan <= bound
             if at_bound >= SCORED_PLAYS:
                 break
     return out
