@@ -55,6 +55,11 @@ class Play:
     reserve: bool = False
 
 
+CUTOFF_ROUNDING = 1e-7
+"""Relative slack on a play's cutoff: its running sums of op durations (at most ten
+million ops) round by far less, so a play is dropped only when it must end later."""
+
+
 def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualStage],
                  paths: list[list[int]], microbatch_paths: list[int], how: Play,
                  op_time: OpTime | None = None, params: dict | None = None) -> Schedule:
@@ -65,10 +70,16 @@ def play_bounded(name: str, ranks: int, microbatches: int, stages: list[VirtualS
 
 def play_timed(name: str, ranks: int, microbatches: int, stages: list[VirtualStage],
                paths: list[list[int]], microbatch_paths: list[int], how: Play,
-               op_time: OpTime | None = None, params: dict | None = None) -> tuple[Schedule, float]:
+               op_time: OpTime | None = None, params: dict | None = None,
+               cutoff: float = math.inf) -> tuple[Schedule, float] | None:
     """`play_bounded` and the makespan of its play (seconds, free transfers): every op
     starts once its rank is free and its inputs are done, so this is the makespan the
     exact engine gives the programs (`makespan_under`) when no op takes 0 s.
+
+    `cutoff` (seconds): a search that only keeps plays finishing by `cutoff` gets None,
+    without the rest of the play, once a rank's end so far plus the work it has left
+    exceeds it (by more than rounding: a play returned is never one that would finish
+    after `cutoff`, a play dropped always would).
 
     Plays are remembered (`_PLAYED`): the same play on the same ops and durations, or one
     that differs only in what cannot change its course (a limit no rank can reach;
@@ -113,7 +124,10 @@ def play_timed(name: str, ranks: int, microbatches: int, stages: list[VirtualSta
            binding and reserving and most > 1, how.limit if binding else None, tuple(dur.items()))
     played = _PLAYED.get(key)
     if played is None:
-        played = _play(ranks, microbatches, stages, path, how, dur, share, reserve, first_k, reserving)
+        played = _play(ranks, microbatches, stages, path, how, dur, share, reserve, first_k, reserving,
+                       cutoff * (1 + CUTOFF_ROUNDING) if cutoff < math.inf else math.inf)
+        if played is None:
+            return None
         _PLAYED.put(key, played, sum(len(program or ()) for program in played[0]))
     programs, makespan = played
     stuck = [r for r, program in enumerate(programs) if program is None]
@@ -172,9 +186,10 @@ def exact_bound(ranks: int, microbatches: int, stages: list[VirtualStage], paths
 
 def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[list[int]], how: Play,
           dur: dict[tuple[str, int], float], share: float, reserve: list[list[float]],
-          first_k: list[list[int]], reserving: bool) -> tuple[list, float]:
+          first_k: list[list[int]], reserving: bool, cutoff: float = math.inf) -> tuple[list, float] | None:
     """The list-scheduling play itself: per-rank programs (None for a rank left with ops
-    it cannot run) and the makespan (seconds). One loop with local state: it runs for
+    it cannot run) and the makespan (seconds); None once a rank cannot finish by
+    `cutoff` (seconds, rounding margin included). One loop with local state: it runs for
     every op of every candidate a search tries."""
     bwd = B if how.split else BW
     n_stages = len(stages)
@@ -203,6 +218,8 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
     held = [0.0] * ranks
     pending_w: list[deque[tuple[int, int, int]]] = [deque() for _ in range(ranks)]  # (mb, k, stage)
     remaining = [sum(n_of[s] for s in local[r]) * per_stage for r in range(ranks)]
+    work = [sum(n_of[s] * (dur_f[s] + dur_b[s] + (dur_w[s] if per_stage == 3 else 0.0)) for s in local[r])
+            for r in range(ranks)]  # seconds of ops each rank has still to run
     last_f = [False] * ranks  # whether the rank's last F or backward was an F
     programs: list[list[Task]] = [[] for _ in range(ranks)]
     wake = [0.0] * ranks
@@ -345,6 +362,10 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
             done_at[tid] = end
             held[r] -= share
         free[r] = end
+        work[r] -= dur_f[s] if code == 0 else dur_w[s] if code == 2 else \
+            dur_b[s] + (dur_w[s] if eager_w and not fused else 0.0)
+        if end + work[r] > cutoff:
+            return None  # its remaining ops cannot all fit before the cutoff
         waiters = waiting.pop(tid, None)
         if waiters:
             done = done_at[tid]  # an eager W does not delay what its B feeds
@@ -393,12 +414,17 @@ def fastest_play(name: str, ranks: int, microbatches: int, stages: list[VirtualS
                  paths: list[list[int]], microbatch_paths: list[int], plays: list[Play],
                  op_time: OpTime | None = None, params: dict | None = None) -> Schedule:
     """The play-out that finishes first under `op_time` with free transfers (ties: the first).
-    One at `exact_bound` cannot be beaten, only tied, so the plays after it are not played."""
+    One at `exact_bound` cannot be beaten, only tied, so the plays after it are not played;
+    one that cannot finish by the fastest so far is dropped part-way."""
     op_time = op_time or unit_times(ranks)
     same_ops = len({how.split for how in plays}) == 1
     timed, bound = [], None
     for how in plays:
-        timed.append(play_timed(name, ranks, microbatches, stages, paths, microbatch_paths, how, op_time, params))
+        played = play_timed(name, ranks, microbatches, stages, paths, microbatch_paths, how, op_time, params,
+                            min((t for _, t in timed), default=math.inf))
+        if played is None:
+            continue  # it would finish after the fastest so far
+        timed.append(played)
         if bound is None:  # after a play, which has checked the durations
             bound = (exact_bound(ranks, microbatches, stages, paths, microbatch_paths, op_time, how.split)
                      if same_ops else None) or -math.inf

@@ -105,13 +105,19 @@ def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: flo
         plays += [replace(how, limit=limit + 0.5) for how in plays_at(limit, eager=False) if how.reserve]
     # Only the SCORED_PLAYS fastest (the first of equals) are scored: once that many sit at a
     # bound no play can beat, the plays still to come could only tie them and sort after.
+    # A play slower than the SCORED_PLAYS-th fastest so far is not scored either: it is
+    # dropped as soon as it cannot finish in time (`play_timed`'s cutoff).
     out, at_bound, bound = [], 0, None
     for how in plays:
+        cutoff = sorted(t for _, t in out)[SCORED_PLAYS - 1] if len(out) >= SCORED_PLAYS else math.inf
         try:
-            s, makespan = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
-                                     {"v": 2 if two else 1})
+            played = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
+                                {"v": 2 if two else 1}, cutoff)
         except ScheduleError:
             continue  # one microbatch does not fit
+        if played is None:
+            continue
+        s, makespan = played
         if bound is None:  # after a play, which has checked the durations
             bound = exact_bound(ranks, microbatches, stages, paths, mb_paths, op_time) or -math.inf
         if peak_activations(s) <= limit + 1e-9:

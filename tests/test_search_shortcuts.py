@@ -89,3 +89,21 @@ def test_the_makespan_a_search_ranks_by_is_the_simulated_one(name):
                     network=Network(Link(2e-5, 1e10)))
     schedule = build(name, 4, 8)
     assert exact_makespan(schedule, costs) == compute_metrics(simulate(schedule, costs, engine="exact")).makespan
+
+
+def test_a_play_with_a_cutoff_is_dropped_only_when_it_would_end_after_it():
+    from pipesched.schedules import bounded
+
+    p, m = 4, 8
+    stages = v_stages(p)
+    paths, mb_paths = uniform_paths(stages, m)
+    op_time = uniform(1, 2, 1).op_time_for(p)
+    how = Play(p, "forward", eager_w=True)
+    bounded._PLAYED.items.clear()  # play it, do not recall it
+    bounded._PLAYED.ops = 0
+    whole, makespan = play_timed("x", p, m, stages, paths, mb_paths, how, op_time)
+    bounded._PLAYED.items.clear()
+    bounded._PLAYED.ops = 0
+    assert play_timed("x", p, m, stages, paths, mb_paths, how, op_time, cutoff=makespan * 0.99) is None
+    same, again = play_timed("x", p, m, stages, paths, mb_paths, how, op_time, cutoff=makespan)
+    assert again == makespan and _programs(same) == _programs(whole)
