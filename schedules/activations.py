@@ -9,14 +9,23 @@ simulator's bytes (simulator.memory) free part of it at B when weight_memory is 
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 from .ir import BW, F, W, Schedule, unit_tasks
 
 
 def activations_per_rank(schedule: Schedule) -> list[float]:
     """The most activations each rank holds at once, in microbatches of one pipeline stage."""
     share = schedule.ranks / schedule.num_model_stages if schedule.num_model_stages else 0.0
+    step = {F: share, W: -share, BW: -share}.get
     peaks = []
     for program in schedule.programs:
+        firsts = [item[0] for item in program]  # an op, or an overlapped pair's first task
+        if all(type(op) is str for op in firsts):  # no pairs: the running sum in one pass
+            # held - share == held + (-share) exactly, and the peak after a W or B never
+            # exceeds the one before it, so this is the loop below, op by op
+            peaks.append(max(0.0, max(accumulate(step(op, 0.0) for op in firsts), default=0.0)))
+            continue
         held = peak = 0.0
         for item in program:
             for task in unit_tasks(item):
