@@ -88,11 +88,9 @@ def play_timed(name: str, ranks: int, microbatches: int, stages: list[VirtualSta
     op_time = op_time or unit_times(ranks)
     num_model = len(paths[0])
     share = ranks / num_model
-    bwd = B if how.split else BW
     kinds = (F, B, W) if how.split else (F, BW)
     path = [paths[microbatch_paths[mb]] for mb in range(microbatches)]
     rank_of = [st.rank for st in stages]
-    model_of = [st.model_stage for st in stages]
     reserve = [[0.0] * ranks for _ in range(microbatches)]  # activations mb needs on each rank
     first_k = [[-1] * ranks for _ in range(microbatches)]    # where mb enters each rank
     for mb in range(microbatches):
@@ -193,7 +191,6 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
     every op of every candidate a search tries."""
     bwd = B if how.split else BW
     n_stages = len(stages)
-    rank_of = [st.rank for st in stages]
     model_of = [st.model_stage for st in stages]
     num_model = len(path[0]) if path else 0
     dur_f = [dur[F, s] for s in range(n_stages)]
