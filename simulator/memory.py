@@ -58,11 +58,14 @@ def buffer_intervals(graph: TaskGraph, edge_bytes: np.ndarray, posts: np.ndarray
     # posted after the unit before position `at` (units of a rank are consecutive ids), or at the start
     posted = np.where(at > 0, unit_end[first[dst_rank[xfer]] + at - 1], 0.0)
     recv_start = np.minimum(posted, unit_start[consumer[xfer]])
-    key = np.concatenate((2 * np.arange(len(edges)), 2 * np.flatnonzero(xfer) + 1))
-    order = np.argsort(key, kind="stable")
+    # edge by edge, the sender's side then (for a transfer) the receiver's: places, not a sort
+    sent_at = np.arange(len(edges)) + (np.cumsum(xfer) - xfer)
+    received_at = sent_at[xfer] + 1
 
     def both(sent, received):
-        return np.concatenate((sent, received))[order]
+        out = np.empty(len(sent) + len(received), dtype=np.result_type(sent, received))
+        out[sent_at], out[received_at] = sent, received
+        return out
 
     return Buffers(both(src_rank, dst_rank[xfer]), both(unit_end[producer], recv_start),
                    both(held_to, unit_start[consumer[xfer]]), both(nbytes, nbytes[xfer]))
