@@ -95,12 +95,13 @@ def memory_samples(graph: TaskGraph, stage_costs: list[StageCost], task_start: n
         rank, when = np.concatenate((b_rank, rank)), np.concatenate((b_when, when))
         kind, delta = np.concatenate((b_kind, kind)), np.concatenate((b_delta, delta))
     changes = np.flatnonzero(delta != 0)
-    # by rank, time, kind (frees first), then event order: stable sorts, least significant key
-    # first; time within each rank's share, where events come in runs already in time order
-    # (a rank's ops in program order), which the stable sort merges rather than sorts
-    order = np.concatenate((changes[kind[changes] == 0], changes[kind[changes] == 1]))
-    order = order[np.argsort(rank[order].astype(np.int16 if sched.ranks < 2 ** 15 else np.int64), kind="stable")]
-    bounds = np.searchsorted(rank[order], np.arange(sched.ranks + 1))
+    # by rank, time, kind (frees first), then event order: stable sorts by (rank, kind), then
+    # by time within each rank's share, where events come in runs already in time order (a
+    # rank's ops in program order), which the stable sort merges rather than sorts
+    group = rank[changes].astype(np.int16 if sched.ranks < 2 ** 14 else np.int64) * 2 + kind[changes]
+    by_group = np.argsort(group, kind="stable")
+    order = changes[by_group]
+    bounds = np.searchsorted(group[by_group], 2 * np.arange(sched.ranks + 1))
     by_time = when[order]
     for r in range(sched.ranks):
         a, b = bounds[r], bounds[r + 1]
