@@ -252,10 +252,11 @@ def main() -> int:
             traces = {n: r.trace for n, r in results.items()}
             new = evaluate(i, p, draw, costs, traces)
             _print_rows(new, header=not rows)
-            print(f"  (model {i}, p={p}: {time.perf_counter() - t0:.0f} s; skipped {', '.join(skipped) or 'none'})",
-                  flush=True)
+            load = os.getloadavg()[0]
+            print(f"  (model {i}, p={p}: {time.perf_counter() - t0:.0f} s, load average {load:.2f}; "
+                  f"skipped {', '.join(skipped) or 'none'})", flush=True)
             rows += new
-            saved.append({"model": i, "p": p, "draw": asdict(draw), "costs": to_dict(costs),
+            saved.append({"model": i, "p": p, "draw": asdict(draw), "costs": to_dict(costs), "load": load,
                           "traces": {n: t.to_dict() for n, t in traces.items()}})
             if args.save_runs:  # after every launch, so a run cut short keeps what it measured
                 text = json.dumps({"machine": machine, "seed": args.seed, "cases": saved})

@@ -8,11 +8,11 @@ Prints ratios measured in the same run (wall-clock seconds on this machine):
      _simulate_comms_compute (unit time only). Target: the command >= 10x faster.
   2. One exact evaluation (resolve costs, longest path, Trace with memory) of zb-v
      p=128, m=1024 (786k ops), in a fresh process. Target: <= 2 s.
-  3. A sweep of every built-in over p in {4, 8, 16}, m in {p, 2p, 4p, 8p}, v in {1, 2}
-     (v only for the schedules that take it): library calls (simulate with the auto
-     engine, metrics) and the `pipesched sweep` command per (p, v) with --engine exact.
-     Target: <= 20 s.
-Usage: python benchmarks/simulator_speed.py [--quick] [--out FILE]
+  3. A sweep of every built-in (zb-auto included) over p in {4, 8, 16}, m in {p, 2p, 4p,
+     8p}, v in {1, 2} (v only for the schedules that take it) on the exact engine: in one
+     process (`sweep_rows`, the command's function) and as the six `pipesched sweep -p P
+     -v V --schedules ALL` commands. Target: <= 20 s.
+Usage: python benchmarks/simulator_speed.py [--quick] [--part command|big|sweep] [--out FILE]
 """
 from __future__ import annotations
 
@@ -101,30 +101,22 @@ SWEEP_PS, SWEEP_VS = (4, 8, 16), (1, 2)
 
 
 def sweep_library() -> dict:
-    """Every built-in at every (p, m, v) of the sweep grid: build, validate, simulate
-    (auto engine), metrics. Schedules with a fixed chunk count run once per (p, m)."""
-    from pipesched.schedules.ir import ScheduleError
-    from pipesched.schedules.registry import BUILDERS, build
-    from pipesched.schedules.validate import validate
-    from pipesched.simulator.api import simulate
+    """What the sweep commands below do, in this process: `sweep_rows` (the command's own
+    function) over every built-in, zb-auto included, at every (p, m, v) of the grid, on the
+    exact engine. Schedules with a fixed chunk count run in both v sweeps, as in the
+    commands."""
+    from pipesched.commands.sweep import sweep_rows
+    from pipesched.schedules.registry import BUILDERS
     from pipesched.simulator.costs import CostModel
-    from pipesched.simulator.metrics import compute_metrics
 
     costs = CostModel().check()
     t0 = time.perf_counter()
-    points = skipped = 0
+    rows = []
     for p in SWEEP_PS:
-        for m in (p, 2 * p, 4 * p, 8 * p):
-            for name, builder in BUILDERS.items():
-                for v in (SWEEP_VS if builder.chunks is None else (None,)):
-                    try:
-                        graph = validate(build(name, p, m, v, costs.op_time_for(p)))
-                    except ScheduleError:
-                        skipped += 1
-                        continue
-                    compute_metrics(simulate(graph, costs, engine="auto"))
-                    points += 1
-    return {"points": points, "skipped": skipped, "total": time.perf_counter() - t0}
+        for v in SWEEP_VS:
+            rows += sweep_rows(list(BUILDERS), [p], [p, 2 * p, 4 * p, 8 * p], costs, [v], "exact")
+    skipped = sum(1 for r in rows if r.point.error)
+    return {"points": len(rows) - skipped, "skipped": skipped, "total": time.perf_counter() - t0}
 
 
 def timed_command(args: list[str]) -> float:
@@ -134,13 +126,20 @@ def timed_command(args: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def sweep_command(p: int, v: int) -> list[str]:
+    """`pipesched sweep` at one p and v over every built-in (zb-auto too), m in {p, 2p, 4p, 8p}."""
+    from pipesched.schedules.registry import BUILDERS
+
+    return ["sweep", "-p", str(p), "-m", ",".join(str(k * p) for k in (1, 2, 4, 8)), "-v", str(v),
+            "--engine", "exact", "--schedules", ",".join(BUILDERS)]
+
+
 def sweep_commands() -> dict:
-    """`pipesched sweep` once per (p, v), all built-ins, m in {p, 2p, 4p, 8p}, --engine exact."""
+    """The six sweep commands (one per p and v), end to end."""
     t = 0.0
     for p in SWEEP_PS:
         for v in SWEEP_VS:
-            t += timed_command(["sweep", "-p", str(p), "-m", ",".join(str(k * p) for k in (1, 2, 4, 8)),
-                                "-v", str(v), "--engine", "exact"])
+            t += timed_command(sweep_command(p, v))
     return {"commands": len(SWEEP_PS) * len(SWEEP_VS), "total": t}
 
 
@@ -155,6 +154,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="p=32, m=128 only (smoke run)")
     parser.add_argument("--out", metavar="FILE", help="also write the report to FILE")
+    parser.add_argument("--part", choices=("all", "command", "big", "sweep"), default="all",
+                        help="run one part only: 1 (command), 2 (big) or 3 (sweep)")
     args = parser.parse_args()
     lines: list[str] = []
 
@@ -164,34 +165,37 @@ def main() -> None:
 
     say(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start "
         "(ratios are from this one run; absolute times move with the load)")
-    p, m = (32, 128) if args.quick else (64, 256)
-    command = ["simulate", "zb-v", "-p", str(p), "-m", str(m), "--latency", "0.01", "--json"]
-    runs = sorted(timed_command(command) for _ in range(3))  # the command is short: three runs, load varies
-    cli = runs[1]
-    mine = in_fresh_process("ours", "zb-v", p, m, None)
-    des = in_fresh_process("ours", "zb-v", p, m, None, "des")
-    theirs = in_fresh_process("torch_reference", p, m)
-    say(f"zb-v p={p} m={m} with communication ({mine['tasks']} ops, {mine['spans']} spans)")
-    say(f"  command `pipesched {' '.join(command)}`: {cli:.2f} s end to end (median of 3 runs: "
-        f"{', '.join(f'{t:.2f}' for t in runs)} s)")
-    say(f"  library, auto engine ({mine['engine']}): {mine['total']:.2f} s (build {mine['build']:.2f}, "
-        f"validate {mine['validate']:.2f}, simulate {mine['simulate']:.2f}, metrics {mine['metrics']:.2f})")
-    say(f"  library, DES: {des['total']:.2f} s (simulate {des['simulate']:.2f}); same makespan: "
-        f"{abs(des['makespan'] - mine['makespan']) <= 1e-9 * mine['makespan']}")
-    say(f"  torch: {theirs['total']:.2f} s (get_schedule_ops {theirs['get_schedule_ops']:.2f}, "
-        f"_simulate_comms_compute {theirs['simulate_comms_compute']:.2f}; unit time, no memory)")
-    say(f"  torch / command: {theirs['total'] / cli:.1f}x (target >= 10x); torch / library: "
-        f"{theirs['total'] / mine['total']:.1f}x; torch / library with the DES: {theirs['total'] / des['total']:.1f}x")
-    if not args.quick:
+    if args.part in ("all", "command"):
+        p, m = (32, 128) if args.quick else (64, 256)
+        command = ["simulate", "zb-v", "-p", str(p), "-m", str(m), "--latency", "0.01", "--json"]
+        runs = sorted(timed_command(command) for _ in range(3))  # the command is short: three runs, load varies
+        cli = runs[1]
+        mine = in_fresh_process("ours", "zb-v", p, m, None)
+        des = in_fresh_process("ours", "zb-v", p, m, None, "des")
+        theirs = in_fresh_process("torch_reference", p, m)
+        say(f"zb-v p={p} m={m} with communication ({mine['tasks']} ops, {mine['spans']} spans)")
+        say(f"  command `pipesched {' '.join(command)}`: {cli:.2f} s end to end (median of 3 runs: "
+            f"{', '.join(f'{t:.2f}' for t in runs)} s)")
+        say(f"  library, auto engine ({mine['engine']}): {mine['total']:.2f} s (build {mine['build']:.2f}, "
+            f"validate {mine['validate']:.2f}, simulate {mine['simulate']:.2f}, metrics {mine['metrics']:.2f})")
+        say(f"  library, DES: {des['total']:.2f} s (simulate {des['simulate']:.2f}); same makespan: "
+            f"{abs(des['makespan'] - mine['makespan']) <= 1e-9 * mine['makespan']}")
+        say(f"  torch: {theirs['total']:.2f} s (get_schedule_ops {theirs['get_schedule_ops']:.2f}, "
+            f"_simulate_comms_compute {theirs['simulate_comms_compute']:.2f}; unit time, no memory)")
+        say(f"  torch / command: {theirs['total'] / cli:.1f}x (target >= 10x); torch / library: "
+            f"{theirs['total'] / mine['total']:.1f}x; torch / library with the DES: {theirs['total'] / des['total']:.1f}x")
+    if not args.quick and args.part in ("all", "big"):
         big = in_fresh_process("exact_evaluation", "zb-v", 128, 1024)
         say(f"zb-v p=128 m=1024 ({big['tasks']} ops): one exact evaluation {big['evaluate']:.2f} s (target <= 2 s); "
             f"build + validate {big['build_validate']:.2f} s")
+    if not args.quick and args.part in ("all", "sweep"):
         lib = in_fresh_process("sweep_library")
-        say(f"sweep, library calls: {lib['points']} points (p in {SWEEP_PS}, m in p..8p x2, v in {SWEEP_VS}; "
-            f"{lib['skipped']} refused) in {lib['total']:.1f} s (target <= 20 s)")
+        say(f"sweep of all {len(sweep_command(4, 1)[-1].split(','))} built-ins (zb-auto too), library calls (sweep_rows): {lib['points']} "
+            f"points (p in {SWEEP_PS}, m in p..8p x2, v in {SWEEP_VS}; {lib['skipped']} refused) in "
+            f"{lib['total']:.1f} s (target <= 20 s)")
         cmds = sweep_commands()
-        say(f"sweep, {cmds['commands']} `pipesched sweep -p P -v V -m P,2P,4P,8P --engine exact` commands: "
-            f"{cmds['total']:.1f} s end to end")
+        say(f"sweep, {cmds['commands']} commands `pipesched {' '.join(sweep_command(4, 1))}` (and P = 8, 16, "
+            f"V = 2): {cmds['total']:.1f} s end to end (target <= 20 s)")
     say(f"load average at the end: {os.getloadavg()[0]:.1f}")
     if args.out:
         with open(args.out, "w") as f:

@@ -18,7 +18,7 @@ from pipesched.schedules.recompute import add_recompute
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.timeline import OpTime
 from pipesched.schedules.validate import validate
-from pipesched.simulator.api import simulate
+from pipesched.simulator.api import exact_makespan, simulate
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.metrics import compute_metrics
 
@@ -137,15 +137,30 @@ def recompute_op_time(op_time: OpTime, costs: CostModel, ranks: int, recompute: 
 
 def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None = None, recompute: bool = False):
     """zb-auto's score: the simulated makespan under `costs`, inf when over `budget`.
-    `seen` collects every evaluation by id(schedule). With `recompute` (or stages the
-    costs mark), a candidate is scored with its R ops added."""
+    `seen` collects every evaluation by id(schedule) and answers from those it has.
+    Without a byte limit, on the exact engine, a candidate `seen` lacks is only timed
+    (`exact_makespan`: the same makespan, no trace or memory), not evaluated: a search
+    scores many candidates and keeps one, which its caller then evaluates. With
+    `recompute` (or stages the costs mark), a candidate is scored with its R ops added."""
     seen = {} if seen is None else seen
+    timed: dict[int, tuple[Schedule, float]] = {}  # the schedule kept, so its id stays its own
 
     def score(schedule: Schedule) -> float:
         ev = seen.get(id(schedule))
-        if ev is None:
-            ev = seen[id(schedule)] = replace(evaluate(with_recompute(schedule, costs, recompute), costs, budget),
-                                              built=schedule)
+        if ev is not None:
+            return ev.makespan if budget.admits(ev.peak_bytes, ev.peak_activations) else math.inf
+        candidate = with_recompute(schedule, costs, recompute)
+        if budget.memory_limit is None and engine_for(costs) == "exact":
+            if not budget.admits(0.0, peak_activations(candidate)):
+                return math.inf
+            if id(schedule) not in timed:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    makespan = exact_makespan(candidate, costs)
+                if not math.isfinite(makespan):
+                    raise UsageError("the costs are too large: predicted times or memory overflow to infinity")
+                timed[id(schedule)] = (schedule, makespan)
+            return timed[id(schedule)][1]
+        ev = seen[id(schedule)] = replace(evaluate(candidate, costs, budget), built=schedule)
         return ev.makespan if budget.admits(ev.peak_bytes, ev.peak_activations) else math.inf
 
     return score

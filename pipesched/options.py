@@ -100,12 +100,14 @@ def cost_flags_given(args: argparse.Namespace) -> bool:
 
 
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks: int | None,
-                  costs: CostModel | None = None, budget: Budget = Budget(), recompute: bool = False) -> Schedule:
+                  costs: CostModel | None = None, budget: Budget = Budget(), recompute: bool = False,
+                  builtins: list[Schedule] | None = None, seen: dict | None = None) -> Schedule:
     """A schedule from a name, torch:NAME, a schedule file or a torch CSV. Built-in
     schedules that adapt to costs are built for `costs`' op durations; zb-auto searches
     under `budget` and any other schedule must fit it (UsageError). `recompute`: every
     model stage recomputes (R ops added, `schedules.recompute`); without it the stages
-    `costs` mark recompute do."""
+    `costs` mark recompute do. `builtins` and `seen`: built-ins already built and
+    evaluated, for zb-auto (`budget.build_within`)."""
     path = Path(spec)
     if path.is_dir():
         raise UsageError(f"schedule {spec!r} is a directory; give a built-in name or a schedule file")
@@ -136,7 +138,8 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
         return schedule
     if costs is None and not budget:
         return with_recompute(build(spec, ranks, microbatches, chunks), None, recompute)
-    return build_within(spec, ranks, microbatches, chunks, costs or CostModel(), budget, recompute=recompute)
+    return build_within(spec, ranks, microbatches, chunks, costs or CostModel(), budget, builtins, seen,
+                        recompute=recompute)
 
 
 def schedule_from_args(args: argparse.Namespace, costs: CostModel | None = None) -> Schedule:

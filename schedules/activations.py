@@ -11,6 +11,8 @@ R instead: F keeps only its input, which this count leaves out.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 from .ir import BW, F, R, W, Schedule, unit_tasks
 
 
@@ -18,8 +20,15 @@ def activations_per_rank(schedule: Schedule) -> list[float]:
     """The most activations each rank holds at once, in microbatches of one pipeline stage."""
     share = schedule.ranks / schedule.num_model_stages if schedule.num_model_stages else 0.0
     recomputed = {(t.mb, t.stage) for t in schedule.tasks() if t.op == R}
+    step = {F: share, W: -share, BW: -share}.get
     peaks = []
     for program in schedule.programs:
+        firsts = [item[0] for item in program]  # an op, or an overlapped pair's first task
+        if not recomputed and all(type(op) is str for op in firsts):  # no pairs: a running sum in one pass
+            # held - share == held + (-share) exactly, and the peak after a W or B never
+            # exceeds the one before it, so this is the loop below, op by op
+            peaks.append(max(0.0, max(accumulate(step(op, 0.0) for op in firsts), default=0.0)))
+            continue
         held = peak = 0.0
         for item in program:
             for task in unit_tasks(item):

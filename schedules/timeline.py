@@ -58,23 +58,25 @@ def waves_of(prev: np.ndarray, src: np.ndarray, dst: np.ndarray) -> Waves:
     a = np.concatenate((prev[follows], src)).astype(np.int64)
     b = np.concatenate((follows, dst)).astype(np.int64)
     by_a = np.argsort(a, kind="stable")
-    succ = b[by_a]
-    succ_ptr = np.searchsorted(a[by_a], np.arange(n + 1))
-    indeg = np.bincount(b, minlength=n)
-    frontier = np.flatnonzero(indeg == 0)
+    # successors as rows of a table padded with n (a unit has a handful), so a wave's
+    # successors are one gather; indeg[n] absorbs the padding
+    column = np.arange(len(a)) - np.searchsorted(a[by_a], a[by_a])
+    succ = np.full((n + 1, int(column.max(initial=-1)) + 1), n, dtype=np.int64)
+    succ[a[by_a], column] = b[by_a]
+    indeg = np.bincount(b, minlength=n + 1)
+    frontier = np.flatnonzero(indeg[:n] == 0)
     parts, sizes = [], [0]
+    keep = np.ones(len(b) + 1, dtype=bool)
     while frontier.size:
         parts.append(frontier)
         sizes.append(frontier.size)
-        lo, count = succ_ptr[frontier], succ_ptr[frontier + 1] - succ_ptr[frontier]
-        total = int(count.sum())
-        if not total:
-            break
-        # the successor lists of the frontier, concatenated
-        idx = np.repeat(lo - (np.cumsum(count) - count), count) + np.arange(total)
-        nxt = succ[idx]
+        nxt = succ[frontier].ravel()
         np.subtract.at(indeg, nxt, 1)
-        frontier = np.unique(nxt[indeg[nxt] == 0])
+        nxt = np.sort(nxt[indeg[nxt] == 0])
+        if not nxt.size:
+            break
+        keep[1:nxt.size] = nxt[1:] != nxt[:-1]  # a unit reached from two frontier units, once
+        frontier = nxt[keep[:nxt.size]]
     order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     position = np.full(n, n, dtype=np.int64)
     position[order] = np.arange(len(order))

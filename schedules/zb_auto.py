@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from .activations import peak_activations
-from .bounded import play_timed, plays_at
+from .bounded import exact_bound, play_timed, plays_at
 from .greedy import OpTime, unit_times
 from .ir import Schedule, ScheduleError, VirtualStage, check_positive, looped_stages, uniform_paths, v_stages
 from .timeline import makespan_under
@@ -65,23 +65,29 @@ def one_copy(schedule: Schedule) -> bool:
 
 
 def builtin_candidates(ranks: int, microbatches: int, chunks: Iterable[int],
-                       op_time: OpTime | None) -> list[Schedule]:
+                       op_time: OpTime | None, built: dict | None = None) -> list[Schedule]:
     """Every other built-in with these v that can be built for p and m and keeps one
-    copy of each model stage."""
+    copy of each model stage. `built`: what the caller already built for these p, m and
+    durations, by (name, chunks as given to `registry.build`), a Schedule or the
+    ScheduleError building raised; used instead of building again."""
     from .registry import BUILDERS, build  # the registry lists zb-auto itself
 
+    built = {} if built is None else built
     out = []
     for name, builder in BUILDERS.items():
-        if name == "zb-auto":
+        if builder.searches:
             continue
         for v in chunks:
             if builder.chunks is not None and builder.chunks != v:
                 continue
-            try:
-                s = build(name, ranks, microbatches, None if builder.chunks else v, op_time)
-            except ScheduleError:
-                continue  # e.g. dualpipe needs p and m even
-            if one_copy(s):
+            arg = None if builder.chunks else v
+            s = built.get((name, arg))
+            if s is None:
+                try:
+                    s = build(name, ranks, microbatches, arg, op_time)
+                except ScheduleError:
+                    continue  # e.g. dualpipe needs p and m even
+            if isinstance(s, Schedule) and one_copy(s):
                 out.append(s)
     return out
 
@@ -90,21 +96,35 @@ def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: flo
            op_time: OpTime) -> list[tuple[Schedule, float]]:
     """Play-outs at `limit` that hold at most `limit`, with their free-transfer makespans;
     on the V the reserving plays also run half a microbatch above it (they often hold
-    less than they were allowed)."""
+    less than they were allowed). Those after SCORED_PLAYS at the exact bound are left
+    out: sorted by makespan, the first SCORED_PLAYS are the same."""
     paths, mb_paths = uniform_paths(stages, microbatches)
     two = len(stages) > ranks
     plays = plays_at(limit)
     if two and stages[0].rank == stages[-1].rank:  # the V: reservation is loosest there
         plays += [replace(how, limit=limit + 0.5) for how in plays_at(limit, eager=False) if how.reserve]
-    out = []
+    # Only the SCORED_PLAYS fastest (the first of equals) are scored: once that many sit at a
+    # bound no play can beat, the plays still to come could only tie them and sort after.
+    # A play slower than the SCORED_PLAYS-th fastest so far is not scored either: it is
+    # dropped as soon as it cannot finish in time (`play_timed`'s cutoff).
+    out, at_bound, bound = [], 0, None
     for how in plays:
+        cutoff = sorted(t for _, t in out)[SCORED_PLAYS - 1] if len(out) >= SCORED_PLAYS else math.inf
         try:
-            s, makespan = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
-                                     {"v": 2 if two else 1})
+            played = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
+                                {"v": 2 if two else 1}, cutoff)
         except ScheduleError:
             continue  # one microbatch does not fit
+        if played is None:
+            continue
+        s, makespan = played
+        if bound is None:  # after a play, which has checked the durations
+            bound = exact_bound(ranks, microbatches, stages, paths, mb_paths, op_time) or -math.inf
         if peak_activations(s) <= limit + 1e-9:
             out.append((s, makespan))
+            at_bound += makespan <= bound
+            if at_bound >= SCORED_PLAYS:
+                break
     return out
 
 

@@ -22,36 +22,23 @@ from .timeline import fastest
 
 def published_order(ranks: int, microbatches: int) -> list[list[Task]]:
     p, n = ranks, max(microbatches, 2 * ranks - 1)
+    new = tuple.__new__  # new(Task, ...) skips the NamedTuple's Python-level constructor
     programs = []
     for r in range(p):
         c0, c1 = r, 2 * p - 1 - r  # virtual stage index == model stage here
-        nxt = {(op, c): 0 for op in (F, B, W) for c in (c0, c1)}
-        program: list[Task] = []
-
-        def emit(op: str, c: int) -> None:
-            program.append(Task(op, nxt[op, c], c))
-            nxt[op, c] += 1
-
-        for _ in range(2 * (p - r) - 1):
-            emit(F, c0)
-        for _ in range(r):
-            emit(F, c1)
-            emit(F, c0)
-        for _ in range(p - r):
-            emit(F, c1), emit(B, c1), emit(W, c1)
-        while nxt[F, c1] < nxt[F, c0] or nxt[F, c0] < n:
-            if nxt[F, c0] < n:
-                emit(F, c0)
-            emit(B, c0), emit(W, c0), emit(F, c1), emit(B, c1), emit(W, c1)
-        for _ in range(r):
-            emit(B, c0), emit(B, c1)
-        for _ in range(p - r):
-            emit(B, c0), emit(W, c0)
-        while nxt[W, c1] < nxt[B, c1]:
-            emit(W, c1)
-        while nxt[W, c0] < nxt[B, c0]:
-            emit(W, c0)
-        programs.append([t for t in program if t.mb < microbatches])
+        f0, f1, b0, b1, w0, w1 = range(6)  # (op, chunk) of F0, F1, B0, B1, W0, W1
+        # The steady phase runs until both chunks have had n forwards: chunk 0 starts it
+        # with 2p-r-1, chunk 1 with p, so n-2p+r+1 rounds begin with an F of chunk 0 and
+        # p-r-1 more do not. Each op of each chunk takes microbatches 0, 1, ... in turn.
+        order = ([f0] * (2 * (p - r) - 1) + [f1, f0] * r + [f1, b1, w1] * (p - r)
+                 + [f0, b0, w0, f1, b1, w1] * (n - 2 * p + r + 1) + [b0, w0, f1, b1, w1] * (p - r - 1)
+                 + [b0, b1] * r + [b0, w0] * (p - r) + [w1] * r + [w0] * r)
+        # microbatches past m (the order is built for n >= 2p-1) are dropped
+        runs = [[new(Task, (op, mb, c)) for mb in range(microbatches)] + [None] * (n - microbatches)
+                for op, c in ((F, c0), (F, c1), (B, c0), (B, c1), (W, c0), (W, c1))]
+        take = [iter(run).__next__ for run in runs]
+        program = [take[k]() for k in order]
+        programs.append(program if n == microbatches else [t for t in program if t is not None])
     return programs
 
 

@@ -67,3 +67,26 @@ def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Tra
     if has_tail(timing.stage_costs, costs.data_parallel):
         trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel)
     return trace
+
+
+def exact_makespan(schedule: Schedule | TaskGraph, costs: CostModel) -> float:
+    """The makespan (seconds, first op start to last op end) that `simulate` with the
+    exact engine and `metrics.compute_metrics` give, without building the Trace (no
+    transfer spans, no memory samples): what a search needs to rank candidates. With a
+    data-parallel step tail it simulates in full (the tail is computed on the trace).
+    ScheduleError, CostError and ValueError as `simulate(..., engine="exact")`."""
+    if not isinstance(costs, CostModel):
+        raise CostError(f"costs must be a CostModel, got {type(costs).__name__}")
+    costs.check()
+    if costs.host is not None:
+        raise ValueError("the exact engine cannot model ranks sharing compute; use the DES")
+    graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
+    if has_tail(costs.model_stage_costs(graph.schedule.ranks, graph.schedule.num_model_stages), costs.data_parallel):
+        from .metrics import compute_metrics  # the step's tail is worked out on the trace
+        return compute_metrics(simulate(graph, costs, engine="exact")).makespan
+    with gc_paused(), np.errstate(over="ignore", invalid="ignore"):
+        timeline = longest_path(graph, resolve(graph, costs))
+        start, end = np.asarray(timeline.task_start), np.asarray(timeline.task_end)
+        if not (len(end) and np.isfinite(end).all()):
+            raise CostError("the costs are too large: predicted times or memory overflow to infinity")
+        return float(end.max()) - float(start.min())

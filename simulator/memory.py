@@ -61,11 +61,14 @@ def buffer_intervals(graph: TaskGraph, edge_bytes: np.ndarray, posts: np.ndarray
     # posted after the unit before position `at` (units of a rank are consecutive ids), or at the start
     posted = np.where(at > 0, unit_end[first[dst_rank[xfer]] + at - 1], 0.0)
     recv_start = np.minimum(posted, unit_start[consumer[xfer]])
-    key = np.concatenate((2 * np.arange(len(edges)), 2 * np.flatnonzero(xfer) + 1))
-    order = np.argsort(key, kind="stable")
+    # edge by edge, the sender's side then (for a transfer) the receiver's: places, not a sort
+    sent_at = np.arange(len(edges)) + (np.cumsum(xfer) - xfer)
+    received_at = sent_at[xfer] + 1
 
     def both(sent, received):
-        return np.concatenate((sent, received))[order]
+        out = np.empty(len(sent) + len(received), dtype=np.result_type(sent, received))
+        out[sent_at], out[received_at] = sent, received
+        return out
 
     return Buffers(both(src_rank, dst_rank[xfer]), both(unit_end[producer], recv_start),
                    both(held_to, unit_start[consumer[xfer]]), both(nbytes, nbytes[xfer]))
@@ -112,11 +115,17 @@ def memory_samples(graph: TaskGraph, stage_costs: list[StageCost], task_start: n
         rank, when = np.concatenate((b_rank, rank)), np.concatenate((b_when, when))
         kind, delta = np.concatenate((b_kind, kind)), np.concatenate((b_delta, delta))
     changes = np.flatnonzero(delta != 0)
-    # by rank, time, kind (frees first), then event order: stable sorts, least significant key first
-    order = np.concatenate((changes[kind[changes] == 0], changes[kind[changes] == 1]))
-    order = order[np.argsort(when[order], kind="stable")]
-    order = order[np.argsort(rank[order].astype(np.int16 if sched.ranks < 2 ** 15 else np.int64), kind="stable")]
-    bounds = np.searchsorted(rank[order], np.arange(sched.ranks + 1))
+    # by rank, time, kind (frees first), then event order: stable sorts by (rank, kind), then
+    # by time within each rank's share, where events come in runs already in time order (a
+    # rank's ops in program order), which the stable sort merges rather than sorts
+    group = rank[changes].astype(np.int16 if sched.ranks < 2 ** 14 else np.int64) * 2 + kind[changes]
+    by_group = np.argsort(group, kind="stable")
+    order = changes[by_group]
+    bounds = np.searchsorted(group[by_group], 2 * np.arange(sched.ranks + 1))
+    by_time = when[order]
+    for r in range(sched.ranks):
+        a, b = bounds[r], bounds[r + 1]
+        order[a:b] = order[a:b][np.argsort(by_time[a:b], kind="stable")]
     base = resident_bytes(graph, stage_costs)
     out = []
     for r in range(sched.ranks):

@@ -12,12 +12,13 @@ from pipesched.schedules.activations import peak_activations
 from pipesched.schedules.ir import ScheduleError
 from pipesched.schedules.registry import BUILDERS
 from pipesched.schedules.validate import validate
+from pipesched.schedules.zb_auto import builtin_candidates
 from pipesched.schedules.outputs import atomic_path
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostError, CostModel
 from pipesched.simulator.metrics import compute_metrics
 
-from ..budget import Budget
+from ..budget import Budget, Evaluation, engine_for
 from ..errors import UsageError
 from .. import terminal
 from ..plots.points import SweepPoint
@@ -91,15 +92,35 @@ def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], 
     chunks = chunks or [None]
     todo = [(name, p, v, m, rc) for p in ranks for name in schedules
             for v in (chunks if BUILDERS[name].chunks is None else [None]) for m in microbatches for rc in recompute]
+    # zb-auto compares against every built-in at its p and m: hand it those built here, and
+    # their evaluations when this engine is the one it scores with (same numbers, not 1e-9
+    # apart); with recomputation it builds and scores its own
+    built: dict[tuple, dict] = {}     # (p, m) -> {(name, v as given to build): Schedule or ScheduleError}
+    seen: dict[int, Evaluation] = {}  # id(schedule) -> its evaluation
+    keep = any(BUILDERS[n].searches for n in schedules)
+    reuse = keep and engine == engine_for(costs)
     for done, (name, p, v, m, rc) in enumerate(todo):
         shown = name + "+recompute" if rc else name
         if progress:
             progress(done, f"{shown} p={p} m={m}" + (f" v={v}" if v else ""))
-        fixed = BUILDERS[name].chunks or (BUILDERS[name].default_chunks if v is None and not BUILDERS[name].searches
-                                          else v)
+        searches = BUILDERS[name].searches
+        fixed = BUILDERS[name].chunks or (BUILDERS[name].default_chunks if v is None and not searches else v)
+        if built and next(iter(built))[0] != p:  # the sweep moved on to another p: let go of the last one's
+            built.clear()
+            seen.clear()
+        here = built.setdefault((p, m), {}) if keep and not rc else {}
         try:
-            schedule = load_schedule(name, p, m, v, costs, budget if BUILDERS[name].searches else Budget(),
-                                     recompute=rc)
+            if searches:
+                builtins = (builtin_candidates(p, m, (1, 2) if v is None else (v,), costs.op_time_for(p), here)
+                            if v in (None, 1, 2) and not rc else None)
+                schedule = load_schedule(name, p, m, v, costs, budget, rc, builtins, None if rc else seen)
+            else:
+                try:
+                    schedule = load_schedule(name, p, m, v, costs, Budget(), rc)
+                except ScheduleError as exc:
+                    here[name, v] = exc
+                    raise
+                here[name, v] = schedule
             graph = validate(schedule)
         except (ScheduleError, CostError, UsageError) as exc:  # CostError: e.g. calibrated model_stages for another S
             rows.append(Row(SweepPoint(shown, p, m, error=str(exc)), fixed, recompute=rc))
@@ -107,6 +128,9 @@ def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], 
         met = compute_metrics(simulate(graph, costs, engine=engine))
         peak = max(r.peak_memory_bytes for r in met.per_rank)
         acts = peak_activations(schedule)
+        if reuse and not searches and not rc:
+            seen[id(schedule)] = Evaluation(schedule, met.makespan, met.bubble_ratio, peak, acts,
+                                            budget.admits(peak, acts))
         fits = ((budget.max_activations is None or acts <= budget.max_activations + 1e-9)
                 and (budget.memory_limit is None or peak <= budget.memory_limit))
         rows.append(Row(SweepPoint(shown, p, m, met.makespan, met.bubble_ratio, peak, met.comm_hidden_fraction),
