@@ -51,7 +51,8 @@ class CalibrationOptions:
     warmup: int = 3              # unmeasured repetitions first
     sizes: tuple[int, ...] = PINGPONG_SIZES
     timeout: float = 300.0       # seconds, every wait
-    from_runs: bool = False      # op times from short pipeline runs (executor.run_calibration)
+    from_runs: bool | None = None  # op times from short pipeline runs (executor.run_calibration);
+                                   # None: where every rank has a CPU core of its own
 
     def check(self) -> "CalibrationOptions":
         if self.repeats < 1 or self.warmup < 0:
@@ -60,7 +61,7 @@ class CalibrationOptions:
 
     def job(self):
         """The collective that calibrates as these options say."""
-        if self.from_runs:
+        if self.from_runs is not False:
             from .run_calibration import calibrate_with_runs
             return calibrate_with_runs
         return calibrate_here

@@ -121,7 +121,7 @@ EXAMPLES = ("mlp", "transformer")
 # the default MLP's ops take ~4 ms on one core of the project's 2-core machine: ops much
 # shorter are within a few times the runtime's own time per op (docs/accuracy.md)
 DEFAULT_HIDDEN = {"mlp": 512, "other": 128}
-DEFAULT_OP_TIMES = "solo"
+DEFAULT_OP_TIMES = "auto"
 DEFAULT_MICROBATCH = {"mlp": 32, "other": 8}
 
 
@@ -200,10 +200,11 @@ def add_calibration_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--repeats", type=int, default=15, help="measured repetitions per op and message size (default 15)")
     g.add_argument("--calibration-warmup", type=int, default=3, metavar="N",
                    help="unmeasured repetitions first (default 3)")
-    g.add_argument("--op-times", choices=("runs", "solo"), default=DEFAULT_OP_TIMES,
+    g.add_argument("--op-times", choices=("auto", "runs", "solo"), default=DEFAULT_OP_TIMES,
                    help="runs: op times from short runs of 1F1B and ZB-H1 (interleaved 1F1B and ZB-V for v = 2) "
                         "on the same model, so under a pipeline's concurrency; solo: each op profiled with "
-                        f"the other ranks idle (default {DEFAULT_OP_TIMES}; docs/accuracy.md compares them)")
+                        "the other ranks idle; auto (default): runs where every rank has a CPU core of its own, "
+                        "else solo (docs/accuracy.md compares them)")
 
 
 def calibration_options(args: argparse.Namespace):
@@ -213,4 +214,4 @@ def calibration_options(args: argparse.Namespace):
         raise UsageError(f"need --repeats >= 1 and --calibration-warmup >= 0, "
                          f"got {args.repeats} and {args.calibration_warmup}")
     return CalibrationOptions(repeats=args.repeats, warmup=args.calibration_warmup, timeout=args.timeout,
-                              from_runs=args.op_times == "runs")
+                              from_runs=None if args.op_times == "auto" else args.op_times == "runs")

@@ -15,8 +15,12 @@ is the simulator's own error.
   its departure (the sender's op end plus the modelled time to post it) until the
   receive ended; one that had arrived before gets the cost model's link time, cut to
   arrive by the time it was taken. Traces without that record keep the link times.
-- Host time outside ops, memory and the data-parallel step tail (all-reduces, optimizer)
-  come from the cost model (`costs`, e.g. the run's own calibration). Ranks sharing cores are not modelled again: the measured durations
+- Host time outside ops: `host="run"` fits the runtime's four host costs (per op, send,
+  receive posted, receive taken) to the run's own gaps between ops that waited for
+  nothing (`simulator.run_costs.fit_host_overhead`; the cost model's where the trace
+  lacks the record); `host="costs"` keeps the cost model's calibrated ones.
+- Memory and the data-parallel step tail (all-reduces, optimizer) come from the cost
+  model (`costs`, e.g. the run's own calibration). Ranks sharing cores are not modelled again: the measured durations
   already include the slowdown.
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ from .timing import Timing, resolve, to_trace
 from .trace import COMPUTE, RECV, Trace
 
 REPLAY_MODES = ("task", "kind")
+HOST_SOURCES = ("run", "costs")
 WAIT_MARGIN = 100e-6  # seconds: a take lasting longer waited for its data (one that had arrived takes ~10-70 us)
 
 
@@ -62,6 +67,13 @@ def _lookup(measured: Trace, spans: np.ndarray, op: np.ndarray, mb: np.ndarray, 
     return np.where(hit, spans[order[where]], -1)
 
 
+def task_spans(graph: TaskGraph, measured: Trace) -> np.ndarray:
+    """Per task id of `graph`, the index of its compute span in `measured` (-1: none)."""
+    col, sched = graph.columns(), graph.schedule
+    return _lookup(measured, np.flatnonzero(measured.lane == COMPUTE), col["op"], col["mb"], col["stage"],
+                   col["rank"], len(sched.stages), sched.microbatches, sched.ranks)
+
+
 def measured_task_times(graph: TaskGraph, measured: Trace, per: str = "task") -> np.ndarray:
     """Seconds per task id of `graph`, from the compute spans of `measured` (one per task;
     an overlapped pair's spans are its two ops)."""
@@ -72,8 +84,7 @@ def measured_task_times(graph: TaskGraph, measured: Trace, per: str = "task") ->
         raise ReplayError(f"the trace has p={measured.ranks}, m={measured.microbatches}; "
                           f"the schedule p={sched.ranks}, m={sched.microbatches}")
     col = graph.columns()
-    span = _lookup(measured, np.flatnonzero(measured.lane == COMPUTE), col["op"], col["mb"], col["stage"],
-                   col["rank"], len(sched.stages), sched.microbatches, sched.ranks)
+    span = task_spans(graph, measured)
     if (span < 0).any():
         missing = graph.tasks[int(np.flatnonzero(span < 0)[0])]
         raise ReplayError(f"the trace has no span of {missing} on its rank ({int((span < 0).sum())} tasks "
@@ -133,18 +144,27 @@ def measured_edge_times(graph: TaskGraph, measured: Trace, timing: Timing) -> np
 
 
 def replay(schedule: Schedule | TaskGraph, measured: Trace, costs: CostModel, per: str = "task",
-           transfers: bool = True) -> Trace:
+           transfers: bool = True, host: str = "run") -> Trace:
     """The run `measured` simulated again with its own durations (see the module
-    docstring); `costs` gives links, host time outside ops and memory. transfers=False
-    keeps the cost model's link times for every transfer."""
+    docstring); `costs` gives links, memory and (host="costs") host time outside ops,
+    its `recv_lookahead` how the run posted receives. transfers=False keeps the cost
+    model's link times for every transfer."""
+    if host not in HOST_SOURCES:
+        raise ReplayError(f"unknown host source {host!r}; sources are {', '.join(HOST_SOURCES)}")
     graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
     costs = replace(costs, host=None)
+    if host == "run":
+        from .run_costs import fit_host_overhead  # it reads traces as this module does
+
+        measured_task_times(graph, measured, per)  # a trace of another schedule fails here, in replay's words
+        costs = fit_host_overhead(costs, [(graph.schedule, measured)], costs.recv_lookahead)
     timing = resolve(graph, costs, task_times=measured_task_times(graph, measured, per))
     edge_times = measured_edge_times(graph, measured, timing) if transfers else None
     if edge_times is not None:
         timing = resolve(graph, costs, task_times=timing.task_time, edge_times=edge_times)
     trace = to_trace(graph, timing, longest_path(graph, timing),
-                     {"engine": "exact", "replay": per, "replayed_transfers": edge_times is not None})
+                     {"engine": "exact", "replay": per, "replayed_transfers": edge_times is not None,
+                      "host_from_run": "host_from_runs" in costs.meta})
     if has_tail(timing.stage_costs, costs.data_parallel):  # all-reduces and optimizer as the cost model says
         trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel)
     return trace

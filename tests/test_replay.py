@@ -80,3 +80,42 @@ def test_a_trace_of_another_schedule_is_refused():
         replay(build("zb-h1", 2, 4), trace, COSTS)
     with pytest.raises(ReplayError, match="replay mode"):
         replay(build("1f1b", 2, 4), trace, COSTS, per="rank")
+
+
+def test_host_time_is_read_back_from_a_run(monkeypatch):
+    """A run's host costs, recovered from its gaps between ops that waited for nothing."""
+    import pipesched.simulator.replay as replay_module
+
+    monkeypatch.setattr(replay_module, "WAIT_MARGIN", 0.0)  # a simulated run's waits are exact
+    from pipesched.schedules.graph import LOCAL
+    from pipesched.simulator.exact import longest_path
+    from pipesched.simulator.run_costs import fit_host_overhead
+    from pipesched.simulator.timing import resolve
+
+    truth = HostOverhead(per_op=40e-6, per_send=250e-6, per_recv=120e-6, per_take=30e-6)
+    costs = replace(COSTS, host_overhead=truth, recv_lookahead=2)
+    schedule = build("zb-h1", 4, 8)
+    graph = validate(schedule)
+    timing = resolve(graph, costs)
+    timeline = longest_path(graph, timing)
+    trace = simulate(graph, costs, engine="exact")
+    # what the executor records: when each consumer began to take its inputs (its rank
+    # ready: the last op's end, its bookkeeping and sends, the receives posted before
+    # it), and a receive span ending when the data was there and taken
+    col = graph.columns()
+    first = {ids[0] for ids in graph.rank_units if ids}
+    takes, recv = [], replace(trace, end=trace.end.copy())
+    for e in np.flatnonzero(col["edge_kind"] != LOCAL):
+        src, dst = col["edge_src"][e], col["edge_dst"][e]
+        u = col["unit"][dst]
+        ready = 0.0 if u in first else timeline.unit_end[u - 1] + timing.host.post[u - 1] + timing.host.pre[u]
+        key = (int(col["rank"][dst]), OPS[col["op"][src]], int(col["mb"][src]), int(col["stage"][src]),
+               int(col["rank"][src]))
+        takes.append([*key, float(ready)])
+        span = np.flatnonzero((trace.lane == RECV) & (trace.rank == key[0]) & (trace.peer == key[4])
+                              & (trace.op == col["op"][src]) & (trace.mb == key[2]) & (trace.stage == key[3]))[0]
+        recv.end[span] = max(timeline.edge_end[e], ready)
+    recv.meta["receive_takes"] = takes
+    fitted = fit_host_overhead(replace(costs, host_overhead=HostOverhead()), [(schedule, recv)], 2).host_overhead
+    for name in ("per_op", "per_send", "per_recv", "per_take"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
