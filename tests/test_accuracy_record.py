@@ -21,12 +21,15 @@ def without_timing(text: str) -> list[str]:
     return [line for line in text.splitlines() if not line.startswith("took ")]
 
 
-@pytest.mark.parametrize("runs, recorded", [
-    ("validation_accuracy_runs.json.gz", "validation_accuracy.txt"),          # gloo on CPU, 108 cases
-    ("validation_accuracy_gpu_runs.json.gz", "validation_accuracy_gpu.txt"),  # ranks sharing an H100
+@pytest.mark.parametrize("script, runs, recorded", [
+    ("validation_accuracy.py", "validation_accuracy_runs.json.gz", "validation_accuracy.txt"),  # gloo, CPU, 108
+    ("validation_accuracy.py", "validation_accuracy_gpu_runs.json.gz", "validation_accuracy_gpu.txt"),  # one H100
+    # seeded random models, every schedule from one calibration, replays (2 x 144 runs)
+    ("accuracy_random.py", "accuracy_random_seed2026_runs.json.gz", "accuracy_random_seed2026.txt"),
+    ("accuracy_random.py", "accuracy_random_seed7_runs.json.gz", "accuracy_random_seed7.txt"),
 ])
-def test_saved_runs_reproduce_the_recorded_accuracy(runs, recorded):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "validation_accuracy.py"), "--from-runs",
+def test_saved_runs_reproduce_the_recorded_accuracy(script, runs, recorded):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--from-runs",
                            str(RESULTS / runs)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert without_timing(proc.stdout) == without_timing((RESULTS / recorded).read_text())
