@@ -37,6 +37,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import cpu_name  # noqa: E402
 
 from pipesched.schedules.ir import ScheduleError  # noqa: E402
 from pipesched.schedules.registry import build  # noqa: E402
@@ -201,16 +204,6 @@ def report(rows: list[dict]) -> None:
         print(f"  {'replay (host time fitted to the run)':<36} all {stats([r['replay_error'] for r in here])}")
         print(f"  {'replay (host time as calibrated)':<36} all {stats([r['replay_calibrated_error'] for r in here])}")
         print(f"  {'measured step-to-step spread':<36} median {100 * statistics.median(r['makespan_spread'] for r in here):.2f} %")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> int:

@@ -29,6 +29,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import cpu_name  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -134,17 +137,6 @@ def summarise(rows: list[dict], label: str) -> str:
             f"max {100 * max(mk):.2f} %; bubble |error| median {statistics.median(bb):.2f} pt, max {max(bb):.2f} pt; "
             f"peak memory |error| median {100 * statistics.median(mem):.2f} %, max {100 * max(mem):.2f} %; "
             f"start-time error p90 median {100 * statistics.median(p90):.2f} %")
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo where there is one."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 @dataclass

@@ -13,6 +13,7 @@ import os
 from pipesched.schedules.ir import Schedule, ScheduleError
 
 from .errors import UsageError
+from .options import split_counts
 
 
 def add_executor_args(parser: argparse.ArgumentParser) -> None:
@@ -43,16 +44,8 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
 
 def layer_counts(text: str) -> int | tuple[int, ...] | str:
     """--layers-per-stage: "2" (every model stage), "3,2,2,1" (each its own), or balanced/even."""
-    if text in ("balanced", "even"):
-        return text
-    try:
-        counts = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        counts = ()
-    if not counts:
-        raise argparse.ArgumentTypeError(f"expected a block count, counts per model stage such as 3,2,2,1, "
-                                         f"balanced or even, got {text!r}")
-    return counts[0] if len(counts) == 1 and "," not in text else counts
+    counts = split_counts(text)
+    return counts[0] if isinstance(counts, tuple) and len(counts) == 1 and "," not in text else counts
 
 
 def layers_from_costs(args: argparse.Namespace, schedule: Schedule) -> tuple[int, ...]:

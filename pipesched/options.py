@@ -195,12 +195,14 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--wait-demand", type=float, metavar="W", help="cores a rank uses while it waits (default 0)")
     g.add_argument("--blocking-sends", action="store_true", help="ranks wait for their sends to finish")
     add_dp_args(parser, BANDWIDTH, SECONDS, BYTES)
-    g.add_argument("--partition", type=_partition, metavar="HOW",
+    g.add_argument("--partition", type=split_counts, metavar="HOW",
                    help="with a cost file's layers section: place the layers on model stages balanced (the "
                         "slowest stage as fast as it can be; default), even (by count) or as given, e.g. 3,2,2,1")
 
 
-def _partition(text: str) -> str | tuple[int, ...]:
+def split_counts(text: str) -> str | tuple[int, ...]:
+    """A split of layers over model stages as typed: balanced, even or counts such as
+    3,2,2,1 (integers >= 0); argparse's error otherwise."""
     if text in ("balanced", "even"):
         return text
     try:
