@@ -210,8 +210,8 @@ def split_counts(text: str) -> str | tuple[int, ...]:
     except ValueError:
         counts = ()
     if not counts or min(counts) < 0:
-        raise argparse.ArgumentTypeError(f"expected balanced, even or layers per model stage such as 3,2,2,1, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected balanced, even or layers per model stage such as 3,2,2,1 "
+                                         f"(a block count for every stage), got {text!r}")
     return counts
 
 

@@ -68,7 +68,7 @@ def test_layers_per_stage_balanced_takes_the_cost_files_split(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (["--layers-per-stage", "3,1,1"], "gives 3 model stages, the schedule has 2"),
-    (["--layers-per-stage", "3,x"], "expected a block count"),
+    (["--layers-per-stage", "3,x"], "a block count for every stage"),
     (["--layers-per-stage", "3,0"], "integers >= 1"),
     (["--layers-per-stage", "balanced"], "give --costs FILE with a layers section"),
 ])
