@@ -116,8 +116,7 @@ def measured_edge_times(graph: TaskGraph, measured: Trace, timing: Timing) -> np
     xfer = np.flatnonzero(timing.edge_link >= 0)
     src, dst = col["edge_src"][xfer], col["edge_dst"][xfer]
     n_stages, mbs, ranks = len(sched.stages), sched.microbatches, sched.ranks
-    task_span = _lookup(measured, np.flatnonzero(measured.lane == COMPUTE), col["op"], col["mb"], col["stage"],
-                        col["rank"], n_stages, mbs, ranks)
+    task_span = task_spans(graph, measured)
     # a receive is keyed by its producing op and (receiver, sender)
     pair = col["rank"][dst].astype(np.int64) * ranks + col["rank"][src]
     recv = _lookup(measured, np.flatnonzero(measured.lane == RECV), col["op"][src], col["mb"][src],
