@@ -17,11 +17,11 @@ is the simulator's own error.
   arrive by the time it was taken. Traces without that record keep the link times.
 - Host time outside ops: `host="run"` fits the runtime's four host costs (per op, send,
   receive posted, receive taken) to the run's own gaps between ops that waited for
-  nothing (`simulator.run_costs.fit_host_overhead`; the cost model's where the trace
-  lacks the record); `host="costs"` keeps the cost model's calibrated ones.
+  nothing (`fit_host_time`; the cost model's where the trace lacks the record);
+  `host="costs"` keeps the cost model's calibrated ones.
 - Memory and the data-parallel step tail (all-reduces, optimizer) come from the cost
-  model (`costs`, e.g. the run's own calibration). Ranks sharing cores are not modelled again: the measured durations
-  already include the slowdown.
+  model (`costs`, e.g. the run's own calibration). Ranks sharing cores are not modelled
+  again: the measured durations already include the slowdown.
 """
 from __future__ import annotations
 
@@ -29,13 +29,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from pipesched.schedules.graph import TaskGraph
+from pipesched.schedules.graph import LOCAL, TaskGraph
 from pipesched.schedules.ir import OPS, Schedule
 from pipesched.schedules.validate import validate
 
 from .costs import CostModel
 from .data_parallel import add_step_tail, has_tail
 from .exact import longest_path
+from .posting import first_task_of_units, receive_posts
 from .timing import Timing, resolve, to_trace
 from .trace import COMPUTE, RECV, Trace
 
@@ -101,22 +102,18 @@ def measured_task_times(graph: TaskGraph, measured: Trace, per: str = "task") ->
     return out
 
 
-def measured_edge_times(graph: TaskGraph, measured: Trace, timing: Timing) -> np.ndarray | None:
-    """Seconds per edge id: for each transfer its receiver waited for, from its departure
-    (the measured end of its op plus `timing`'s time to post it) to its measured arrival;
-    for the others `timing`'s link time, cut to arrive by the time the receiver took it.
-    None when the trace does not say when receives were taken (`meta["receive_takes"]`,
-    recorded by the executor)."""
+def receive_waits(graph: TaskGraph, measured: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per edge id: the index of its receive span in `measured` (-1: none), when its
+    consumer began to take it (seconds; nan where unknown), and whether it then waited for
+    the data (its receive ended more than WAIT_MARGIN later). None when the trace does not
+    record receive takes (`meta["receive_takes"]`, written by the executor)."""
     takes = measured.meta.get("receive_takes")
     if not takes:
         return None
     sched = graph.schedule
     col = graph.columns()
-    out = timing.edge_time.copy()
-    xfer = np.flatnonzero(timing.edge_link >= 0)
-    src, dst = col["edge_src"][xfer], col["edge_dst"][xfer]
+    src, dst = col["edge_src"], col["edge_dst"]
     n_stages, mbs, ranks = len(sched.stages), sched.microbatches, sched.ranks
-    task_span = task_spans(graph, measured)
     # a receive is keyed by its producing op and (receiver, sender)
     pair = col["rank"][dst].astype(np.int64) * ranks + col["rank"][src]
     recv = _lookup(measured, np.flatnonzero(measured.lane == RECV), col["op"][src], col["mb"][src],
@@ -130,16 +127,81 @@ def measured_edge_times(graph: TaskGraph, measured: Trace, timing: Timing) -> np
         + pair
     order = np.argsort(row_key, kind="stable")
     at = np.minimum(np.searchsorted(row_key[order], want), len(order) - 1)
-    found = (row_key[order[at]] == want) & (recv >= 0) & (task_span[src] >= 0)
-    taken = rows[order[at], 5]
-    blocked = measured.end[recv] - taken > WAIT_MARGIN
+    found = (row_key[order[at]] == want) & (recv >= 0)
+    taken = np.where(found, rows[order[at], 5], np.nan)
+    waited = found & (measured.end[recv] - taken > WAIT_MARGIN)
+    return np.where(found, recv, -1), taken, waited
+
+
+def measured_edge_times(graph: TaskGraph, measured: Trace, timing: Timing) -> np.ndarray | None:
+    """Seconds per edge id: for each transfer its receiver waited for, from its departure
+    (the measured end of its op plus `timing`'s time to post it) to its measured arrival;
+    for the others `timing`'s link time, cut to arrive by the time the receiver took it.
+    None when the trace does not say when receives were taken."""
+    waits = receive_waits(graph, measured)
+    if waits is None:
+        return None
+    recv, taken, waited = waits
+    col = graph.columns()
+    out = timing.edge_time.copy()
+    xfer = np.flatnonzero((timing.edge_link >= 0) & (recv >= 0))
     send_offset = timing.host.send_offset[xfer] if timing.host is not None else np.zeros(len(xfer))
-    depart = measured.end[task_span[src]] + send_offset
-    waited = found & blocked
-    out[xfer[waited]] = np.maximum(0.0, measured.end[recv[waited]] - depart[waited])
-    early = found & ~blocked
-    out[xfer[early]] = np.clip(out[xfer[early]], 0.0, np.maximum(0.0, taken[early] - depart[early]))
+    depart = measured.end[task_spans(graph, measured)[col["edge_src"][xfer]]] + send_offset
+    wait = waited[xfer]
+    out[xfer[wait]] = np.maximum(0.0, measured.end[recv[xfer[wait]]] - depart[wait])
+    early = xfer[~wait]
+    out[early] = np.clip(out[early], 0.0, np.maximum(0.0, taken[early] - depart[~wait]))
     return out
+
+
+def fit_host_time(graph: TaskGraph, measured: Trace, costs: CostModel) -> CostModel:
+    """`costs` with the host time outside ops read from the run `measured` (receives
+    posted `costs.recv_lookahead` units ahead, as the run posted them). On each rank, the
+    gap between two units whose second waited for no data is host time: bookkeeping after
+    the first, posting its sends, posting the receives due before the second, taking the
+    second's inputs. A least-squares fit of those gaps to `per_op + sends * per_send +
+    posted * per_recv + taken * per_take` (no term below 0) gives the four; `send_start`
+    keeps its calibrated share of `per_send`. `costs` unchanged without receive takes."""
+    waits = receive_waits(graph, measured)
+    if waits is None:
+        return costs
+    col = graph.columns()
+    n_units = len(graph.units)
+    remote = col["edge_kind"] != LOCAL
+    unit_of_dst = col["unit"][col["edge_dst"]]
+    sends = np.bincount(col["unit"][col["edge_src"][remote]], minlength=n_units)
+    taken = np.bincount(unit_of_dst[remote], minlength=n_units)
+    rank_first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
+    posts = receive_posts(graph, costs.recv_lookahead)
+    posted = np.bincount(rank_first[col["rank"][col["edge_dst"][remote]]] + posts[remote], minlength=n_units)
+    waited = np.bincount(unit_of_dst[waits[2]], minlength=n_units) > 0
+    spans = task_spans(graph, measured)
+    first_task = first_task_of_units(graph)
+    last_task = first_task + np.bincount(col["unit"], minlength=n_units) - 1
+    # units after the first on their rank (a rank's units are consecutive ids), waiting for nothing
+    unit = np.arange(n_units)
+    rank_of_unit = np.asarray(graph.unit_rank)
+    keep = (unit > 0) & ~waited
+    keep[1:] &= rank_of_unit[1:] == rank_of_unit[:-1]
+    u = unit[keep]
+    gaps = measured.start[spans[first_task[u]]] - measured.end[spans[last_task[u - 1]]]
+    if len(gaps) < 8:
+        return costs
+    a = np.column_stack((np.ones(len(u)), sends[u - 1], posted[u], taken[u])).astype(float)
+    use = np.ones(4, dtype=bool)
+    for _ in range(4):  # drop a term that fits below 0 and fit the rest again
+        coef = np.zeros(4)
+        coef[use] = np.linalg.lstsq(a[:, use], gaps, rcond=None)[0]
+        if (coef >= 0).all():
+            break
+        use &= coef > 0
+    coef = np.maximum(coef, 0.0)
+    o = costs.host_overhead
+    share = None if o.send_start is None or o.per_send <= 0 else min(1.0, o.send_start / o.per_send)
+    fitted = replace(o, per_op=float(coef[0]), per_send=float(coef[1]), per_recv=float(coef[2]),
+                     per_take=float(coef[3]), send_start=None if share is None else share * float(coef[1]))
+    meta = {**costs.meta, "host_from_run": {"gaps": len(gaps), "median_gap": float(np.median(gaps))}}
+    return replace(costs, host_overhead=fitted, meta=meta).check()
 
 
 def replay(schedule: Schedule | TaskGraph, measured: Trace, costs: CostModel, per: str = "task",
@@ -151,19 +213,17 @@ def replay(schedule: Schedule | TaskGraph, measured: Trace, costs: CostModel, pe
     if host not in HOST_SOURCES:
         raise ReplayError(f"unknown host source {host!r}; sources are {', '.join(HOST_SOURCES)}")
     graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
+    times = measured_task_times(graph, measured, per)  # a trace of another schedule fails here
     costs = replace(costs, host=None)
     if host == "run":
-        from .run_costs import fit_host_overhead  # it reads traces as this module does
-
-        measured_task_times(graph, measured, per)  # a trace of another schedule fails here, in replay's words
-        costs = fit_host_overhead(costs, [(graph.schedule, measured)], costs.recv_lookahead)
-    timing = resolve(graph, costs, task_times=measured_task_times(graph, measured, per))
+        costs = fit_host_time(graph, measured, costs)
+    timing = resolve(graph, costs, task_times=times)
     edge_times = measured_edge_times(graph, measured, timing) if transfers else None
     if edge_times is not None:
         timing = resolve(graph, costs, task_times=timing.task_time, edge_times=edge_times)
     trace = to_trace(graph, timing, longest_path(graph, timing),
                      {"engine": "exact", "replay": per, "replayed_transfers": edge_times is not None,
-                      "host_from_run": "host_from_runs" in costs.meta})
+                      "host_from_run": "host_from_run" in costs.meta})
     if has_tail(timing.stage_costs, costs.data_parallel):  # all-reduces and optimizer as the cost model says
         trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel)
     return trace

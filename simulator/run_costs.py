@@ -1,4 +1,4 @@
-"""Op times and host time read from pipeline runs: each cost under the run's own concurrency.
+"""Op times read from pipeline runs: each op's cost under the run's own concurrency.
 
 Solo profiling times each op with the other ranks idle. In a pipeline most ops run while
 other ranks compute, and where ranks share a host (cores, memory bandwidth, caches) they
@@ -10,8 +10,8 @@ cores (the durations already are slowed).
 
 An op kind no run executed is scaled from the solo profile: T_BW from T_B + T_W in the
 ratio the profile measured, T_B and T_W from T_BW likewise. Links, host time outside
-ops and memory stay as calibrated; `fit_host_overhead` reads the host time outside ops
-from runs too (what `simulator.replay` uses).
+ops and memory stay as calibrated (`simulator.replay.fit_host_time` reads host time from
+a run).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
 
 from .costs import CostError, CostModel, StageCost
-from .trace import COMPUTE, RECV, Trace
+from .trace import COMPUTE, Trace
 
 
 def op_time_samples(schedule: Schedule, trace: Trace) -> dict[tuple[str, int], np.ndarray]:
@@ -78,77 +78,3 @@ def _measured_stage(solo: StageCost, measured: dict[str, float | None], k: int) 
     if bw is None:
         bw = (b + w) * (solo.op_time(BW) / split if split > 0 else 1.0)
     return replace(solo, forward=measured[F], backward_input=b, backward_weight=w, backward_full=bw)
-
-
-def fit_host_overhead(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], lookahead: int) -> CostModel:
-    """`base` with its host time outside ops read from `runs` (each run's receives posted
-    `lookahead` units ahead, as the run posted them). On each rank, the gap between two
-    ops whose second did not wait for data (every receive it took had arrived) is host
-    time: bookkeeping after the first op, posting its sends, posting the receives due
-    before the second, taking the second's inputs. A least-squares fit of those gaps to
-    `per_op + sends * per_send + posted * per_recv + taken * per_take` (no term below 0)
-    gives the four; `send_start` keeps its calibrated share of `per_send`. Needs runs that
-    recorded when receives were taken (`meta["receive_takes"]`), else returns `base`."""
-    from pipesched.schedules.graph import LOCAL
-    from pipesched.schedules.validate import validate
-
-    from .posting import receive_posts
-    from .replay import WAIT_MARGIN
-
-    rows, gaps = [], []
-    for schedule, trace in runs:
-        takes = trace.meta.get("receive_takes")
-        if not takes:
-            continue
-        graph = validate(schedule)
-        col = graph.columns()
-        posts = receive_posts(graph, lookahead)
-        remote = col["edge_kind"] != LOCAL
-        start, end = _task_times(graph, trace)
-        taken = {tuple(row[:5]): row[5] for row in takes}
-        waited = set()
-        for i in np.flatnonzero(trace.lane == RECV):
-            key = (int(trace.rank[i]), OPS[int(trace.op[i])], int(trace.mb[i]), int(trace.stage[i]), int(trace.peer[i]))
-            if key in taken and trace.end[i] - taken[key] > WAIT_MARGIN:
-                waited.add(key)
-        sends = np.bincount(col["unit"][col["edge_src"][remote]], minlength=len(graph.units))
-        takes_in = np.bincount(col["unit"][col["edge_dst"][remote]], minlength=len(graph.units))
-        first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units])
-        posted = np.bincount(first[col["rank"][col["edge_dst"][remote]]] + posts[remote], minlength=len(graph.units))
-        unit_first = np.cumsum(np.bincount(col["unit"], minlength=len(graph.units))) - \
-            np.bincount(col["unit"], minlength=len(graph.units))
-        for rank_units in graph.rank_units:
-            for prev, u in zip(rank_units, rank_units[1:]):
-                inputs = [e for t in graph.units[u] for e in graph.task_inputs[t] if remote[e]]
-                keys = [(int(col["rank"][graph.edges[e].dst]), graph.tasks[graph.edges[e].src].op,
-                         graph.tasks[graph.edges[e].src].mb, graph.tasks[graph.edges[e].src].stage,
-                         int(col["rank"][graph.edges[e].src])) for e in inputs]
-                if any(k in waited for k in keys):
-                    continue
-                rows.append((1.0, sends[prev], posted[u], takes_in[u]))
-                gaps.append(start[unit_first[u]] - end[unit_first[prev] + len(graph.units[prev]) - 1])
-    if len(gaps) < 8:
-        return base
-    a, g = np.asarray(rows, dtype=float), np.asarray(gaps)
-    use = np.ones(4, dtype=bool)
-    for _ in range(4):  # drop a term that fits below 0 and fit the rest again
-        coef = np.zeros(4)
-        coef[use] = np.linalg.lstsq(a[:, use], g, rcond=None)[0]
-        if (coef >= 0).all():
-            break
-        use &= coef > 0
-    coef = np.maximum(coef, 0.0)
-    o = base.host_overhead
-    share = None if o.send_start is None or o.per_send <= 0 else min(1.0, o.send_start / o.per_send)
-    fitted = replace(o, per_op=float(coef[0]), per_send=float(coef[1]), per_recv=float(coef[2]),
-                     per_take=float(coef[3]), send_start=None if share is None else share * float(coef[1]))
-    meta = {**base.meta, "host_from_runs": {"gaps": len(gaps), "median_gap": float(np.median(g))}}
-    return replace(base, host_overhead=fitted, meta=meta).check()
-
-
-def _task_times(graph, trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """Measured start and end (seconds) per task id of `graph`."""
-    from .replay import task_spans
-
-    span = task_spans(graph, trace)
-    return trace.start[span], trace.end[span]

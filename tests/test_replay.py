@@ -89,7 +89,7 @@ def test_host_time_is_read_back_from_a_run(monkeypatch):
     monkeypatch.setattr(replay_module, "WAIT_MARGIN", 0.0)  # a simulated run's waits are exact
     from pipesched.schedules.graph import LOCAL
     from pipesched.simulator.exact import longest_path
-    from pipesched.simulator.run_costs import fit_host_overhead
+    from pipesched.simulator.replay import fit_host_time
     from pipesched.simulator.timing import resolve
 
     truth = HostOverhead(per_op=40e-6, per_send=250e-6, per_recv=120e-6, per_take=30e-6)
@@ -116,6 +116,6 @@ def test_host_time_is_read_back_from_a_run(monkeypatch):
                               & (trace.op == col["op"][src]) & (trace.mb == key[2]) & (trace.stage == key[3]))[0]
         recv.end[span] = max(timeline.edge_end[e], ready)
     recv.meta["receive_takes"] = takes
-    fitted = fit_host_overhead(replace(costs, host_overhead=HostOverhead()), [(schedule, recv)], 2).host_overhead
+    fitted = fit_host_time(graph, recv, replace(costs, host_overhead=HostOverhead())).host_overhead
     for name in ("per_op", "per_send", "per_recv", "per_take"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
