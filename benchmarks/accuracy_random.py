@@ -123,16 +123,10 @@ def measure_model(ctx, p: int, draw: Draw, calibration, options):
 
 
 def predict(schedule, costs: CostModel) -> Trace:
-    from pipesched.schedules.validate import validate
-    from pipesched.simulator.api import simulate
-    from pipesched.simulator.costs import StageCost  # noqa: F401  (type of the fields replaced)
+    """What `validate` predicts for a run of `schedule` (receives posted as the runs posted them)."""
+    from pipesched.executor.validation import predict as predict_run
 
-    def strip(stages):
-        return None if stages is None else tuple(replace(s, param_bytes=0.0) for s in stages)
-
-    costs = replace(costs, stages=strip(costs.stages), model_stages=strip(costs.model_stages),
-                    recv_lookahead=LOOKAHEAD)
-    return simulate(validate(schedule), costs)
+    return predict_run(schedule, replace(costs, recv_lookahead=LOOKAHEAD))
 
 
 def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, Trace]) -> list[dict]:
