@@ -57,6 +57,8 @@ class CalibrationOptions:
     def check(self) -> "CalibrationOptions":
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"calibration needs repeats >= 1 and warmup >= 0, got {self.repeats} and {self.warmup}")
+        if self.from_runs not in (None, True, False):
+            raise ValueError(f"calibration's from_runs is True, False or None (auto), got {self.from_runs!r}")
         return self
 
     def job(self):
