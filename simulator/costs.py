@@ -154,6 +154,28 @@ def merged(stages: Sequence[StageCost]) -> StageCost:
         recompute_memory=stages[0].recompute_memory)
 
 
+
+def cut(stages: Sequence[StageCost], k: int) -> list[StageCost]:
+    """Each of `stages` (consecutive model stages) cut into `k` equal parts.
+
+    The first model stage's input is the data, which needs no gradient, so its measured
+    B does next to nothing and its W does the whole backward. Its later parts do get an
+    input from a part before them: their B and W take the shape of the later stages'
+    (B's share of B + W, and B + W over a fused BW where both are known, since a split
+    backward costs more than a fused one). With one stage there is no shape to borrow."""
+    parts = [stage.scaled(1 / k) for stage in stages for _ in range(k)]
+    later = stages[1:]
+    b, w = math.fsum(s.backward_input for s in later), math.fsum(s.backward_weight for s in later)
+    if k == 1 or not later or b + w <= 0:
+        return parts
+    first = parts[0]
+    backward = first.backward_input + first.backward_weight
+    fused = [s.backward_full for s in later]
+    if first.backward_full is not None and all(f is not None and f > 0 for f in fused):
+        backward = first.backward_full * (b + w) / math.fsum(fused)
+    inner = replace(first, backward_input=backward * b / (b + w), backward_weight=backward * w / (b + w))
+    return [first] + [inner] * (k - 1) + parts[k:]
+
 @dataclass(frozen=True)
 class Link:
     """A point-to-point transfer costs latency + bytes / bandwidth (seconds, bytes/s)."""
@@ -401,8 +423,8 @@ class CostModel:
         layers fill). `model_stages` given for a finer split of the same model (S divides
         their number) are merged, k consecutive stages into one (`merged`: exact for op
         times and memory); given for a coarser split (their number divides S), each is
-        cut into equal parts (`StageCost.scaled`: assumes its layers cost alike). So a
-        model calibrated once predicts schedules of any number of chunks per rank.
+        cut into equal parts (`cut`: assumes its layers cost alike). So a model
+        calibrated once predicts schedules of any number of chunks per rank.
         CostError for any other number: silently using `stages` instead would predict a
         model the user did not describe."""
         if self.layers is not None:
@@ -415,8 +437,7 @@ class CostModel:
                 k = have // num_model_stages
                 return [merged(self.model_stages[i * k:(i + 1) * k]) for i in range(num_model_stages)]
             if num_model_stages % have == 0:
-                k = num_model_stages // have
-                return [stage.scaled(1 / k) for stage in self.model_stages for _ in range(k)]
+                return cut(self.model_stages, num_model_stages // have)
             raise CostError(f"the costs give model_stages for {have} model stages but the schedule has "
                             f"{num_model_stages}, neither a multiple nor a divisor; calibrate for this "
                             "schedule, or drop model_stages to scale the per-rank stages")

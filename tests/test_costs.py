@@ -68,6 +68,19 @@ def test_explicit_model_stage_costs_win_and_must_match_the_schedule():
         model.model_stage_costs(2, 6)  # silently using `stages` would predict another model
 
 
+
+def test_later_parts_of_the_first_stage_get_an_input_backward():
+    # calibrated at v = 1: the first stage's B has no input gradient to compute, its W does
+    # the whole backward; the later stage's split backward costs 1.25x its fused BW
+    model = CostModel(stages=(StageCost(),), model_stages=(
+        StageCost(forward=4, backward_input=0.2, backward_weight=7.8, backward_full=8),
+        StageCost(forward=4, backward_input=4, backward_weight=6, backward_full=8)))
+    first, second, third, fourth = model.model_stage_costs(2, 4)  # v = 2
+    assert (first.backward_input, first.backward_weight) == (0.1, 3.9)  # still the start of the model
+    assert math.isclose(second.backward_input, 2) and math.isclose(second.backward_weight, 3)  # 4 x 1.25, 2:3
+    assert second.op_time("BW") == 4 and second.forward == 2
+    assert (third.backward_input, third.backward_weight) == (fourth.backward_input, fourth.backward_weight) == (2, 3)
+
 @pytest.mark.parametrize("doc,message", [
     ({"stage": {"forward": -1}}, "stage.forward must be finite and >= 0"),
     ({"stage": {"forward": "fast"}}, "stage.forward: expected a time such as 12ms"),
