@@ -208,6 +208,7 @@ def main() -> int:
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--min-time", type=float, default=1.0, help="seconds of measured steps per run, at least")
     ap.add_argument("--repeats", type=int, default=15, help="calibration repetitions")
     ap.add_argument("--save-runs", metavar="RUNS.json.gz", help="write every case's calibration and trace")
     ap.add_argument("--from-runs", metavar="RUNS.json.gz", help="run nothing: evaluate saved runs again")
@@ -241,7 +242,8 @@ def main() -> int:
         print(f"model {i}: {d.kind} hidden {d.hidden}, {d.depth} blocks per rank, microbatch {d.microbatch_size}"
               + (f", seq {d.seq}" if d.kind == "transformer" else "") + f", m {d.m_per_p}", flush=True)
     calibration = CalibrationOptions(repeats=args.repeats, timeout=600)
-    options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=600, check=False, lookahead=LOOKAHEAD)
+    options = RunOptions(steps=args.steps, warmup=args.warmup, min_time=args.min_time, timeout=600, check=False,
+                         lookahead=LOOKAHEAD)
     saved = []
     for p in ranks:
         for i, draw in enumerate(draws):

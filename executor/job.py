@@ -38,8 +38,10 @@ MEMORY_COUNTED = ("bytes of tensors saved for backward (saved-tensor hooks) and 
 
 @dataclass(frozen=True)
 class RunOptions:
-    steps: int = 1
+    steps: int = 1               # measured steps, at least
     warmup: int = 0
+    min_time: float = 0.0        # seconds of measured steps, at least: short steps get more of them
+    max_steps: int = 200         # the most measured steps `min_time` may ask for
     timeout: float = 300.0       # seconds, every wait
     check: bool = True           # compare with the unpipelined reference
     lookahead: int = 2           # gloo: receives posted this many units ahead (< 0: all at the start)
@@ -53,6 +55,10 @@ class RunOptions:
             raise ValueError(f"dp must be an integer >= 1 (replicas), got {self.dp!r}")
         if self.bucket_bytes is not None and not self.bucket_bytes > 0:
             raise ValueError(f"bucket_bytes must be > 0, got {self.bucket_bytes!r}")
+        if not (0 <= self.min_time < math.inf):
+            raise ValueError(f"min_time must be finite and >= 0 (seconds), got {self.min_time!r}")
+        if self.max_steps < self.steps:
+            raise ValueError(f"max_steps ({self.max_steps}) must be at least steps ({self.steps})")
         return self
 
 
@@ -142,11 +148,13 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
         records: list[RankStep] = []
         total = options.warmup + options.steps
         progress.say(ctx.rank, f"running {schedule.name}: {options.warmup} warm-up and {options.steps} measured steps")
-        for i in range(total):
+        while len(records) < total:
             dist.barrier()
             records.append(runtime.step())
-            progress.say(ctx.rank, f"{schedule.name}: step {i + 1}/{total} took "
+            progress.say(ctx.rank, f"{schedule.name}: step {len(records)}/{total} took "
                                    f"{records[-1].end - records[-1].start:.3g} s", step=True)
+            if options.min_time > 0 and len(records) == max(1, options.warmup):
+                total = options.warmup + _steps_for_min_time(ctx, schedule.name, records[-1], options)
         records = records[options.warmup:]
     finally:
         runtime.close()
@@ -164,6 +172,19 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
         return None
     description = repr(model) if isinstance(model, ExampleModel) else _describe_model(built)
     return _result(graph, built, specs, ctx, options, gathered, description)
+
+
+def _steps_for_min_time(ctx: RankContext, name: str, last: RankStep, options: RunOptions) -> int:
+    """Collective: the measured steps that fill `options.min_time` at the pace of rank 0's
+    last step (a warm-up step when there is one), within steps..max_steps; every rank
+    gets rank 0's count, so all run the same number."""
+    took = max(last.end - last.start, 1e-9)
+    wanted = [min(options.max_steps, max(options.steps, math.ceil(options.min_time / took)))]
+    dist.broadcast_object_list(wanted, src=0)
+    if wanted[0] > options.steps:
+        progress.say(ctx.rank, f"running {name}: {wanted[0]} measured steps fill "
+                               f"--min-time {options.min_time:g} s")
+    return int(wanted[0])
 
 
 @dataclass

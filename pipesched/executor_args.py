@@ -13,7 +13,10 @@ import os
 from pipesched.schedules.ir import Schedule, ScheduleError
 
 from .errors import UsageError
-from .options import split_counts
+from .options import SECONDS, split_counts
+
+MIN_TIME = 1.0   # seconds of measured steps, by default
+MAX_STEPS = 200  # the most steps --min-time asks for
 
 
 def add_executor_args(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +70,9 @@ def add_measurement_args(parser: argparse.ArgumentParser, warmup: int) -> None:
     r.add_argument("--steps", type=int, default=5,
                    help="measured steps; the trace is of the step of median makespan (default 5)")
     r.add_argument("--warmup", type=int, default=warmup, help=f"unmeasured steps first (default {warmup})")
+    r.add_argument("--min-time", type=SECONDS, default=MIN_TIME, metavar="T",
+                   help=f"measure at least T of steps: more than --steps when steps are short, at most "
+                        f"{MAX_STEPS} (default {MIN_TIME:g}s; 0: exactly --steps)")
     r.add_argument("--recv-lookahead", type=int, default=2, metavar="UNITS",
                    help="gloo: post each receive at least this many ops ahead (default 2; -1: all at the start)")
     r.add_argument("--no-check", action="store_true", help="skip the comparison with the unpipelined model")
@@ -78,7 +84,10 @@ def run_options(args: argparse.Namespace):
 
     if args.steps < 1 or args.warmup < 0:
         raise UsageError(f"need --steps >= 1 and --warmup >= 0, got {args.steps} and {args.warmup}")
-    return RunOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, check=not args.no_check,
+    if not 0 <= args.min_time < math.inf:
+        raise UsageError(f"--min-time must be finite and >= 0, got {args.min_time:g}")
+    return RunOptions(steps=args.steps, warmup=args.warmup, min_time=args.min_time,
+                      max_steps=max(MAX_STEPS, args.steps), timeout=args.timeout, check=not args.no_check,
                       lookahead=args.recv_lookahead, dp=replicas_of(args), bucket_bytes=bucket_of(args))
 
 

@@ -92,6 +92,7 @@ def p2() -> dict[str, RunResult]:
         ("zb-v all receives posted first", build("zb-v", 2, 4), MLP64, RunOptions(lookahead=-1)),
         ("1f1b no lookahead, 2 steps", build("1f1b", 2, 4), MLP64, RunOptions(lookahead=0, steps=2, warmup=1)),
         ("1f1b clock ping", build("1f1b", 2, 4), MLP64, RunOptions(clock_ping=True)),
+        ("1f1b min time", build("1f1b", 2, 4), MLP64, RunOptions(steps=2, warmup=1, min_time=10.0, max_steps=6)),
         *UNEVEN,
     ]
     cases += [(f"{name} float32 {model.kind}", build(name, 2, 8), model, RunOptions())
@@ -187,6 +188,20 @@ def test_hand_written_schedule_file_runs(p2, tmp_path):
     check_trace(p2["file"], schedule)
     paired = [s for s in p2["file"].trace.spans(COMPUTE) if s.overlapped]
     assert {(s.op, s.mb, s.stage) for s in paired} == {("W", 1, 3), ("BW", 0, 0)}
+
+
+def test_short_steps_are_measured_until_min_time_or_max_steps(p2):
+    # steps of a few ms cannot fill 10 s: the cap, agreed by both ranks, decides
+    assert len(p2["1f1b min time"].step_times) == 6
+    assert len(p2["1f1b no lookahead, 2 steps"].step_times) == 2  # min_time 0: exactly `steps`
+    check_exact(p2["1f1b min time"])
+
+
+def test_min_time_is_checked():
+    with pytest.raises(ValueError, match="min_time must be finite"):
+        RunOptions(min_time=-1.0).checked()
+    with pytest.raises(ValueError, match="max_steps"):
+        RunOptions(steps=5, max_steps=4).checked()
 
 
 def test_clock_offsets_on_one_host_are_small(p2):
