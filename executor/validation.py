@@ -20,6 +20,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
@@ -37,8 +39,30 @@ from .models import ExampleModel, PipelineModel
 
 
 SHORT_OPS = 5.0           # warn when an op is shorter than this many times the host time per op
-NOISY_STEPS = 0.05        # ... when measured steps spread more than this fraction of their median
+NOISY_STEPS = 0.05        # ... when measured steps spread (`step_spread`) more than this
 NOISY_CALIBRATION = 0.10  # ... when interference samples differ by more than this
+
+
+def shortest_op(costs: CostModel) -> tuple[float, float]:
+    """(seconds of the shortest F or BW of any model stage, the runtime's own seconds per
+    op outside ops: host time per op, per send, per receive and per take)."""
+    o = costs.host_overhead
+    stages = costs.model_stages or costs.stages
+    return min(min(s.forward, s.op_time("BW")) for s in stages), o.per_op + o.per_send + o.per_recv + o.per_take
+
+
+def too_short(costs: CostModel) -> bool:
+    """Whether the shortest op is within SHORT_OPS times the runtime's own time per op,
+    where predictions are less reliable (`validate` warns)."""
+    shortest, per_op = shortest_op(costs)
+    return per_op > 0 and shortest < SHORT_OPS * per_op
+
+
+def step_spread(makespans: list[float]) -> float:
+    """The interquartile range of measured step makespans over their median: how much a
+    step repeats, and unlike max - min it does not grow with the number of steps."""
+    q1, q3 = np.percentile(makespans, [25, 75])
+    return float(q3 - q1) / statistics.median(makespans)
 
 
 @dataclass
@@ -63,20 +87,18 @@ class Validation:
         time per op, steps that differ much from each other, calibration samples that
         disagree."""
         out = []
-        costs, o = self.costs, self.costs.host_overhead
-        per_op = o.per_op + o.per_send + o.per_recv + o.per_take
-        stages = costs.model_stages or costs.stages
-        shortest = min(min(s.forward, s.op_time("BW")) for s in stages)
-        if per_op > 0 and shortest < SHORT_OPS * per_op:
+        costs = self.costs
+        shortest, per_op = shortest_op(costs)
+        if too_short(costs):
             out.append(f"the shortest op takes {shortest * 1e3:.3g} ms, within {shortest / per_op:.1f}x the runtime's own "
                        f"time per op ({per_op * 1e3:.3g} ms outside ops): predictions of such short ops are less "
                        "reliable; a larger model (--hidden, --microbatch-size) predicts better")
         spans = self.measured.meta.get("makespans") or []
         if len(spans) > 1:
-            spread = (max(spans) - min(spans)) / statistics.median(spans)
+            spread = step_spread(spans)
             if spread > NOISY_STEPS:
-                out.append(f"the measured steps differ by {100 * spread:.1f} % of their median: the machine is noisy "
-                           "(other processes?); errors smaller than that are within the noise")
+                out.append(f"the middle half of the measured steps spans {100 * spread:.1f} % of their median: the "
+                           "machine is noisy (other processes?); errors smaller than that are within the noise")
         samples = (costs.meta.get("calibrated") or {}).get("interference_samples") or []
         if len(samples) > 1 and max(samples) - min(samples) > NOISY_CALIBRATION:
             out.append(f"calibration measured the slowdown of busy cores as {100 * min(samples):.0f} % to "

@@ -24,9 +24,10 @@ def without_timing(text: str) -> list[str]:
 @pytest.mark.parametrize("script, runs, recorded", [
     ("validation_accuracy.py", "validation_accuracy_runs.json.gz", "validation_accuracy.txt"),  # gloo, CPU, 108
     ("validation_accuracy.py", "validation_accuracy_gpu_runs.json.gz", "validation_accuracy_gpu.txt"),  # one H100
-    # seeded random models, every schedule from one calibration, replays (2 x 144 runs)
+    # seeded random models, every schedule from one calibration, replays (3 x 144 runs)
     ("accuracy_random.py", "accuracy_random_seed2026_runs.json.gz", "accuracy_random_seed2026.txt"),
     ("accuracy_random.py", "accuracy_random_seed7_runs.json.gz", "accuracy_random_seed7.txt"),
+    ("accuracy_random.py", "accuracy_random_seed2027_runs.json.gz", "accuracy_random_seed2027.txt"),  # a fresh seed
 ])
 def test_saved_runs_reproduce_the_recorded_accuracy(script, runs, recorded):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--from-runs",
