@@ -154,7 +154,6 @@ def merged(stages: Sequence[StageCost]) -> StageCost:
         recompute_memory=stages[0].recompute_memory)
 
 
-
 def cut(stages: Sequence[StageCost], k: int) -> list[StageCost]:
     """Each of `stages` (consecutive model stages) cut into `k` equal parts.
 
@@ -175,6 +174,7 @@ def cut(stages: Sequence[StageCost], k: int) -> list[StageCost]:
         backward = first.backward_full * (b + w) / math.fsum(fused)
     inner = replace(first, backward_input=backward * b / (b + w), backward_weight=backward * w / (b + w))
     return [first] + [inner] * (k - 1) + parts[k:]
+
 
 @dataclass(frozen=True)
 class Link:
