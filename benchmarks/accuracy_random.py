@@ -49,7 +49,7 @@ from pipesched.simulator.compare import compare  # noqa: E402
 from pipesched.simulator.costs import CostModel, from_dict as costs_from_dict, to_dict  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
 from pipesched.simulator.replay import replay  # noqa: E402
-from pipesched.simulator.run_costs import costs_from_runs  # noqa: E402
+from pipesched.simulator.run_costs import costs_from_runs, relative_iqr  # noqa: E402
 from pipesched.simulator.trace import Trace  # noqa: E402
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")
@@ -134,7 +134,7 @@ def predict(schedule, costs: CostModel) -> Trace:
 
 def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, Trace]) -> list[dict]:
     """Every schedule's errors under both estimators, and its replay error."""
-    from pipesched.executor.validation import step_spread, too_short
+    from pipesched.executor.validation import too_short
 
     m = draw.m_per_p[p]
     short = too_short(solo)
@@ -149,7 +149,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
         measured = compute_metrics(trace).makespan
         row = {"model": index, "p": p, "m": m, "schedule": name, "measured": measured,
                "in_calibration": name in CALIBRATION_RUNS, "short_ops": short,
-               "makespan_spread": step_spread(trace.meta.get("makespans") or [measured])}
+               "makespan_spread": relative_iqr(trace.meta.get("makespans") or [measured])}
         for label, costs in (("solo", solo), ("run", from_runs), ("auto", auto)):
             if costs is None:
                 row[label] = row[f"{label}_error"] = float("nan")

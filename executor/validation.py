@@ -17,10 +17,7 @@ the prediction's error is cost estimation.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, replace
-
-import numpy as np
 
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import validate
@@ -29,6 +26,7 @@ from pipesched.simulator.compare import Comparison, compare
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.memory import resident_bytes
 from pipesched.simulator.replay import replay
+from pipesched.simulator.run_costs import relative_iqr
 from pipesched.simulator.trace import Trace
 
 from .calibrate import CalibrationOptions, oversubscribed
@@ -39,7 +37,7 @@ from .models import ExampleModel, PipelineModel
 
 
 SHORT_OPS = 5.0           # warn when an op is shorter than this many times the host time per op
-NOISY_STEPS = 0.05        # ... when measured steps spread (`step_spread`) more than this
+NOISY_STEPS = 0.05        # ... when measured steps spread (`relative_iqr`) more than this
 NOISY_CALIBRATION = 0.10  # ... when interference samples differ by more than this
 
 
@@ -58,11 +56,27 @@ def too_short(costs: CostModel) -> bool:
     return per_op > 0 and shortest < SHORT_OPS * per_op
 
 
-def step_spread(makespans: list[float]) -> float:
-    """The interquartile range of measured step makespans over their median: how much a
-    step repeats, and unlike max - min it does not grow with the number of steps."""
-    q1, q3 = np.percentile(makespans, [25, 75])
-    return float(q3 - q1) / statistics.median(makespans)
+def warnings_for(costs: CostModel, makespans: list[float]) -> list[str]:
+    """Why a comparison may not carry over: ops too short next to the runtime's own time
+    per op, measured steps (`makespans`, seconds) that spread more than NOISY_STEPS
+    (`relative_iqr`), calibration samples that disagree."""
+    out = []
+    if too_short(costs):
+        shortest, per_op = shortest_op(costs)
+        out.append(f"the shortest op takes {shortest * 1e3:.3g} ms, within {shortest / per_op:.1f}x the runtime's own "
+                   f"time per op ({per_op * 1e3:.3g} ms outside ops): predictions of such short ops are less "
+                   "reliable; a larger model (--hidden, --microbatch-size) predicts better")
+    if len(makespans) > 1:
+        spread = relative_iqr(makespans)
+        if spread > NOISY_STEPS:
+            out.append(f"the middle half of the measured steps spans {100 * spread:.1f} % of their median: the "
+                       "machine is noisy (other processes?); errors smaller than that are within the noise")
+    samples = (costs.meta.get("calibrated") or {}).get("interference_samples") or []
+    if len(samples) > 1 and max(samples) - min(samples) > NOISY_CALIBRATION:
+        out.append(f"calibration measured the slowdown of busy cores as {100 * min(samples):.0f} % to "
+                   f"{100 * max(samples):.0f} % in repeated samples: the machine is noisy, predictions may be off "
+                   "by that much")
+    return out
 
 
 @dataclass
@@ -83,28 +97,8 @@ class Validation:
         return oversubscribed(self.costs.host, self.measured.ranks)
 
     def warnings(self) -> list[str]:
-        """Why this comparison may not carry over: ops too short next to the runtime's own
-        time per op, steps that differ much from each other, calibration samples that
-        disagree."""
-        out = []
-        costs = self.costs
-        shortest, per_op = shortest_op(costs)
-        if too_short(costs):
-            out.append(f"the shortest op takes {shortest * 1e3:.3g} ms, within {shortest / per_op:.1f}x the runtime's own "
-                       f"time per op ({per_op * 1e3:.3g} ms outside ops): predictions of such short ops are less "
-                       "reliable; a larger model (--hidden, --microbatch-size) predicts better")
-        spans = self.measured.meta.get("makespans") or []
-        if len(spans) > 1:
-            spread = step_spread(spans)
-            if spread > NOISY_STEPS:
-                out.append(f"the middle half of the measured steps spans {100 * spread:.1f} % of their median: the "
-                           "machine is noisy (other processes?); errors smaller than that are within the noise")
-        samples = (costs.meta.get("calibrated") or {}).get("interference_samples") or []
-        if len(samples) > 1 and max(samples) - min(samples) > NOISY_CALIBRATION:
-            out.append(f"calibration measured the slowdown of busy cores as {100 * min(samples):.0f} % to "
-                       f"{100 * max(samples):.0f} % in repeated samples: the machine is noisy, predictions may be off "
-                       "by that much")
-        return out
+        """`warnings_for` this validation's costs and measured steps."""
+        return warnings_for(self.costs, self.measured.meta.get("makespans") or [])
 
     def summary(self) -> dict:
         """The `pipesched validate --json` document."""

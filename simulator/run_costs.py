@@ -37,6 +37,13 @@ def op_time_samples(schedule: Schedule, trace: Trace) -> dict[tuple[str, int], n
     return {(OPS[o], int(k)): took[(op == o) & (ms == k)] for o, k in {(int(a), int(b)) for a, b in zip(op, ms)}}
 
 
+def relative_iqr(values) -> float:
+    """The interquartile range of `values` over their median: how much repeated
+    measurements agree; unlike max - min it does not grow with their number."""
+    q1, median, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
+    return float(q3 - q1) / float(median)
+
+
 def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:
     """`base` (a calibration with `model_stages`) with each model stage's op times the
     median of what `runs` measured (see the module docstring). Every run must split the
@@ -55,8 +62,7 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> 
             samples.setdefault(key, []).append(values)
     pooled = {key: np.concatenate(parts) for key, parts in samples.items()}
     median = {key: float(np.median(v)) for key, v in pooled.items() if len(v)}
-    spread = max((float(np.subtract(*np.percentile(v, [75, 25]))) / median[key]
-                  for key, v in pooled.items() if len(v) and median[key] > 0), default=0.0)
+    spread = max((relative_iqr(v) for key, v in pooled.items() if len(v) and median[key] > 0), default=0.0)
     new = tuple(_measured_stage(solo, {op: median.get((op, k)) for op in OPS}, k)
                 for k, solo in enumerate(base.model_stages))
     meta = {**base.meta, "from_runs": {"schedules": [s.name for s, _ in runs], "spread": spread,

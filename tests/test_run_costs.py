@@ -9,7 +9,7 @@ import pytest
 from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostError, CostModel, HostSharing, StageCost
-from pipesched.simulator.run_costs import costs_from_runs, op_time_samples
+from pipesched.simulator.run_costs import costs_from_runs, op_time_samples, relative_iqr
 from pipesched.simulator.trace import COMPUTE
 
 SOLO = CostModel(stages=(StageCost(1.0, 1.0, 1.0),),
@@ -54,6 +54,12 @@ def test_the_spread_of_the_samples_is_reported():
     got = costs_from_runs(SOLO, [(schedule, noisy)])
     assert got.model_stages[0].forward == pytest.approx(1.75)
     assert got.meta["from_runs"]["spread"] == pytest.approx(0.75 / 1.75)
+
+
+def test_relative_iqr_ignores_a_single_outlier_and_the_number_of_samples():
+    assert relative_iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0 / 3.0)
+    assert relative_iqr([1.0, 1.0, 1.0, 1.0, 9.0]) == 0.0
+    assert relative_iqr([1.0, 2.0, 3.0, 4.0, 5.0] * 20) == pytest.approx(2.0 / 3.0)
 
 
 def test_runs_of_another_split_or_without_model_stages_are_refused():

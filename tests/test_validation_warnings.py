@@ -1,0 +1,37 @@
+"""What `validate` warns about: ops too short for the runtime, noisy steps, calibration
+samples that disagree."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("torch")
+
+from pipesched.executor.validation import too_short, warnings_for  # noqa: E402
+from pipesched.simulator.costs import CostModel, HostOverhead, StageCost  # noqa: E402
+
+LONG = CostModel(stages=(StageCost(4e-3, 4e-3, 4e-3),), host_overhead=HostOverhead(per_op=1e-4, per_take=1e-4))
+
+
+def test_quiet_runs_of_long_ops_give_no_warning():
+    assert warnings_for(LONG, [0.100, 0.101, 0.099, 0.100, 0.102]) == []
+
+
+def test_ops_within_five_times_the_runtime_time_per_op_are_too_short():
+    short = replace(LONG, stages=(StageCost(0.9e-3, 0.3e-3, 0.3e-3),))  # F 0.9 ms < 5 x 0.2 ms
+    assert too_short(short) and not too_short(LONG)
+    (warning,) = warnings_for(short, [])
+    assert warning.startswith("the shortest op takes 0.6 ms, within 3.0x")  # BW = B + W
+
+
+def test_one_slow_step_does_not_make_the_steps_noisy_but_a_wide_middle_half_does():
+    assert warnings_for(LONG, [0.100, 0.101, 0.100, 0.102, 0.400]) == []  # an outlier, middle half 1 %
+    (warning,) = warnings_for(LONG, [0.100, 0.110, 0.120, 0.130, 0.140])  # IQR 20 ms over median 120 ms
+    assert "spans 16.7 % of their median" in warning
+
+
+def test_calibration_samples_that_disagree_are_reported():
+    noisy = replace(LONG, meta={"calibrated": {"interference_samples": [0.05, 0.21]}})
+    (warning,) = warnings_for(noisy, [])
+    assert "as 5 % to 21 %" in warning
