@@ -153,7 +153,7 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
             records.append(runtime.step())
             progress.say(ctx.rank, f"{schedule.name}: step {len(records)}/{total} took "
                                    f"{records[-1].end - records[-1].start:.3g} s", step=True)
-            if options.min_time > 0 and len(records) == max(1, options.warmup):
+            if options.min_time > 0 and len(records) == options.warmup + 1:  # warm-up steps run slower
                 total = options.warmup + _steps_for_min_time(ctx, schedule.name, records[-1], options)
         records = records[options.warmup:]
     finally:
@@ -176,8 +176,8 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
 
 def _steps_for_min_time(ctx: RankContext, name: str, last: RankStep, options: RunOptions) -> int:
     """Collective: the measured steps that fill `options.min_time` at the pace of rank 0's
-    last step (a warm-up step when there is one), within steps..max_steps; every rank
-    gets rank 0's count, so all run the same number."""
+    first measured step, within steps..max_steps; every rank gets rank 0's count, so all
+    run the same number."""
     took = max(last.end - last.start, 1e-9)
     wanted = [min(options.max_steps, max(options.steps, math.ceil(options.min_time / took)))]
     dist.broadcast_object_list(wanted, src=0)
