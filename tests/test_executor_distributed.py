@@ -296,7 +296,7 @@ def test_failing_rank_stops_every_rank():
 def test_cli_json_and_trace(tmp_path):
     out = tmp_path / "trace.json"
     proc = subprocess.run([sys.executable, "-m", "pipesched", "run", "zb-v", "-p", "2", "-m", "4", "--hidden", "16",
-                           "--steps", "2", "--warmup", "1", "--json", "--trace", str(out)],
+                           "--steps", "2", "--warmup", "1", "--min-time", "0", "--json", "--trace", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -319,7 +319,7 @@ def free_port() -> int:
 def test_torchrun():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), "-m", "pipesched", "run", "dualpipev", "-p", "2", "-m", "2",
-           "--hidden", "8", "--dtype", "float64", "--steps", "1", "--warmup", "0", "--json"]
+           "--hidden", "8", "--dtype", "float64", "--steps", "1", "--warmup", "0", "--min-time", "0", "--json"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
