@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipesched.schedules import fileformat, torch_format
 from pipesched.schedules.ir import Schedule
-from pipesched.schedules.registry import build, check_size
+from pipesched.schedules.registry import BUILDERS, build, check_size
 from pipesched.simulator import costs as cost_files
 from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 from pipesched.simulator.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
@@ -107,11 +107,13 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
     under `budget` and any other schedule must fit it (UsageError). `recompute`: every
     model stage recomputes (R ops added, `schedules.recompute`); without it the stages
     `costs` mark recompute do. `builtins` and `seen`: built-ins already built and
-    evaluated, for zb-auto (`budget.build_within`)."""
+    evaluated, for zb-auto (`budget.build_within`). A built-in name wins over a file or
+    folder of that name in the working directory (say ./NAME for the file)."""
     path = Path(spec)
-    if path.is_dir():
+    builtin = spec in BUILDERS
+    if path.is_dir() and not builtin:
         raise UsageError(f"schedule {spec!r} is a directory; give a built-in name or a schedule file")
-    if spec.endswith((".json", ".csv")) or (path.exists() and path.is_file()):
+    if not builtin and (spec.endswith((".json", ".csv")) or (path.exists() and path.is_file())):
         try:
             schedule = torch_format.read_csv(path) if spec.endswith(".csv") else fileformat.load(path)
         except UnicodeDecodeError as exc:  # the CSV reader lets it through

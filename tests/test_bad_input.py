@@ -95,6 +95,13 @@ def test_a_directory_or_undecodable_csv_is_refused_as_a_schedule(tmp_path, capsy
     refused(capsys, ["show", tmp_path / "t.csv"], "not UTF-8")
 
 
+def test_a_built_in_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch, capsys):
+    (tmp_path / "1f1b").mkdir()  # e.g. what `validate 1f1b --out 1f1b` left behind
+    monkeypatch.chdir(tmp_path)
+    assert main(["show", "1f1b", "-p", "2", "-m", "2"]) == 0
+    refused(capsys, ["show", "./1f1b"], "is a directory")
+
+
 COST_FILES = {
     "c.json": ('{"stage": {"forward": NaN}}', "stage.forward must be finite"),
     "c.toml": ('[stage]\nforward = -1\n', "stage.forward must be finite and >= 0"),
