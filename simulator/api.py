@@ -8,7 +8,9 @@ from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import gc_paused, validate
 
 from .costs import CostError, CostModel
-from .data_parallel import add_step_tail, has_tail
+from pipesched.schedules.replicas import replicate
+
+from .data_parallel import add_step_tail, gradients_ready, has_tail, replica_zero
 from .des import run_des
 from .exact import longest_path
 from .timing import resolve, to_trace
@@ -29,7 +31,9 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "au
 
     `costs.data_parallel` (degree > 1) or a stage's optimizer_time adds the step's tail
     after the pipeline: the gradient all-reduces (lane ALLREDUCE) and the optimizer steps
-    (op OPT), computed once from the pipeline's timeline (simulator.data_parallel).
+    (op OPT), computed once from the pipeline's timeline (simulator.data_parallel). Where
+    the replicas share the host (`costs.host`), all of them are simulated and the Trace is
+    replica 0's.
 
     The schedule is validated (ScheduleError) and the cost model checked (CostError)
     first; CostError too when times or memory overflow to infinity (each cost may be
@@ -53,19 +57,28 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "au
 
 
 def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Trace:
-    timing = resolve(graph, costs, **{k: v for k, v in options.items() if k in ("noise_cv", "rng")})
+    noise = {k: v for k, v in options.items() if k in ("noise_cv", "rng")}
+    timing = resolve(graph, costs, **noise)
     meta = {"engine": engine}
     if engine == "auto":
         engine = "des" if costs.host is not None else "exact"
         meta = {"engine": engine, "engine_choice": "auto: " + (
             "ranks share compute" if engine == "des" else "no ranks share compute; the DES gives the same timeline")}
-    timeline = longest_path(graph, timing) if engine == "exact" else run_des(graph, timing, costs.host)
     if costs.host is not None:
         meta["shared_compute"] = {"capacity": costs.host.capacity, "compute_demand": costs.host.compute_demand,
                                   "wait_demand": costs.host.wait_demand}
+    dp = costs.data_parallel
+    if dp.degree > 1 and costs.host is not None:  # the replicas share the host: simulate them together
+        everyone = validate(replicate(graph.schedule, dp.degree))
+        every_timing = resolve(everyone, costs, **noise)
+        full = to_trace(everyone, every_timing, run_des(everyone, every_timing, costs.host), meta)
+        trace = replica_zero(full, graph.schedule)
+        trace.meta["replicas_simulated"] = dp.degree
+        return add_step_tail(trace, graph.schedule, timing.stage_costs, dp, gradients_ready(full, graph.schedule))
+    timeline = longest_path(graph, timing) if engine == "exact" else run_des(graph, timing, costs.host)
     trace = to_trace(graph, timing, timeline, meta)
-    if has_tail(timing.stage_costs, costs.data_parallel):
-        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel)
+    if has_tail(timing.stage_costs, dp):
+        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, dp)
     return trace
 
 

@@ -1,8 +1,12 @@
 """The step's tail under data parallelism: gradient all-reduces, then the optimizer step.
 
-With d replicas of the pipeline (p x d ranks) every replica runs the same timeline, so
-one replica is simulated and the tail is computed from its Trace, once, whichever engine
-made it. Per rank and per virtual stage it holds (each virtual stage keeps its own
+With d replicas of the pipeline (p x d ranks) on their own processors every replica runs
+the same timeline, so one replica is simulated and the tail is computed from its Trace,
+once, whichever engine made it. Where the replicas share a host's processors
+(`CostModel.host`), they are simulated together (`schedules.replicas.replicate`, the
+DES): a rank then computes slower while its core's other ranks compute too, and the
+replicas drift apart; the Trace is replica 0's, and a stage's all-reduce starts when
+every replica's copy of it is ready (`gradients_ready`). Per rank and per virtual stage it holds (each virtual stage keeps its own
 weights, so it is one all-reduce group's payload):
 
 - the stage's weight gradients (`StageCost.synced_bytes`) are all-reduced across the d
@@ -37,31 +41,44 @@ def has_tail(stage_costs: Sequence[StageCost], dp: DataParallel) -> bool:
     return dp.degree > 1 or any(c.optimizer_time > 0 for c in stage_costs)
 
 
-def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageCost], dp: DataParallel) -> Trace:
+def gradients_ready(trace: Trace, schedule: Schedule) -> dict[int, list[tuple[float, int, int]]]:
+    """Per rank of `schedule` (one replica): (seconds when a virtual stage's gradients
+    are final, the stage, the op index of its last W or BW), one entry per stage the
+    rank trains. Where `trace` holds every replica (of `schedules.replicas.replicate`),
+    a stage's gradients are ready for the all-reduce when every replica's copy is: the
+    latest of them."""
+    comp = np.flatnonzero(trace.lane == COMPUTE)
+    weights = comp[np.isin(trace.op[comp], (OPS.index(W), OPS.index(BW)))]
+    p, n_stages = schedule.ranks, len(schedule.stages)
+    key = trace.rank[weights].astype(np.int64) % p * n_stages + trace.stage[weights] % n_stages
+    order = np.lexsort((trace.end[weights], key))  # the latest W/BW per (rank, stage), over every replica
+    weights, key = weights[order], key[order]
+    last_of_key = weights[np.flatnonzero(np.append(key[1:] != key[:-1], True))] if len(weights) else weights
+    ready: dict[int, list[tuple[float, int, int]]] = {}
+    for i in last_of_key.tolist():
+        ready.setdefault(int(trace.rank[i]) % p, []).append(
+            (float(trace.end[i]), int(trace.stage[i]) % n_stages, int(trace.op[i])))
+    return ready
+
+
+def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageCost], dp: DataParallel,
+                  ready: dict[int, list[tuple[float, int, int]]] | None = None) -> Trace:
     """`trace` (one replica's pipeline) with the all-reduce and optimizer spans of the
     step's tail appended, and meta["data_parallel"] describing it. stage_costs: per
-    model stage (seconds, bytes)."""
+    model stage (seconds, bytes); `ready`: `gradients_ready` (default: of `trace`, as
+    when every replica runs the same timeline)."""
     rows: list[tuple] = []  # rank, lane, op, mb, stage, start, end
     comp = np.flatnonzero(trace.lane == COMPUTE)
     pipeline_end = np.full(schedule.ranks, -np.inf)
     np.maximum.at(pipeline_end, trace.rank[comp], trace.end[comp])
-    # per (rank, stage), its last W or BW: one sort of the weight ops by (rank, stage, end)
-    weights = comp[np.isin(trace.op[comp], (OPS.index(W), OPS.index(BW)))]
-    key = trace.rank[weights].astype(np.int64) * len(schedule.stages) + trace.stage[weights]
-    weights = weights[np.lexsort((trace.end[weights], key))]
-    key = trace.rank[weights].astype(np.int64) * len(schedule.stages) + trace.stage[weights]
-    last_of_key = weights[np.flatnonzero(np.append(key[1:] != key[:-1], True))] if len(weights) else weights
-    ready_by_rank: dict[int, list[tuple[float, int, int]]] = {}
-    for i in last_of_key.tolist():  # (time its gradients are final, stage, op index of its last W/BW)
-        ready_by_rank.setdefault(int(trace.rank[i]), []).append((float(trace.end[i]), int(trace.stage[i]),
-                                                                 int(trace.op[i])))
+    ready_by_rank = gradients_ready(trace, schedule) if ready is None else ready
     for r in range(schedule.ranks):
         if not np.isfinite(pipeline_end[r]):
             continue
-        ready = sorted(ready_by_rank.get(r, []))
+        stages_ready = sorted(ready_by_rank.get(r, []))
         link_free = 0.0
         synced = []  # (time its all-reduces finish, stage)
-        for t, v, op in ready:
+        for t, v, op in stages_ready:
             cost = stage_costs[schedule.stages[v].model_stage]
             done = t
             for k, nbytes in enumerate(dp.buckets(cost.synced_bytes) if dp.degree > 1 else []):
@@ -80,6 +97,16 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
         "bandwidth": None if np.isinf(dp.bandwidth) else dp.bandwidth, "bucket_bytes": dp.bucket_bytes,
         "exposed_allreduce": exposed_allreduce(out)}
     return out
+
+
+def replica_zero(trace: Trace, schedule: Schedule) -> Trace:
+    """The spans and memory of replica 0 (ranks 0..p-1 of `schedule`) out of the Trace of
+    every replica: its ranks, stages and microbatches keep their numbers."""
+    keep = trace.rank < schedule.ranks
+    return Trace(schedule.name, schedule.ranks, schedule.microbatches, trace.source,
+                 rank=trace.rank[keep], lane=trace.lane[keep], op=trace.op[keep], mb=trace.mb[keep],
+                 stage=trace.stage[keep], start=trace.start[keep], end=trace.end[keep], peer=trace.peer[keep],
+                 overlapped=trace.overlapped[keep], memory=trace.memory[:schedule.ranks], meta=dict(trace.meta))
 
 
 def _appended(trace: Trace, rows: list[tuple]) -> Trace:
