@@ -88,6 +88,25 @@ def buckets(params: list[nn.Parameter], bucket_bytes: float | None) -> list[list
     return out
 
 
+def allreduce_bucket(grads: list[torch.Tensor], group, timeout: float) -> None:
+    """Sum one bucket of gradients over `group`, in place: flattened into one buffer (on
+    the host for gloo), all-reduced, copied back. The copies cost about as much as the
+    all-reduce itself on a CPU host, so calibration times this function, not the bare
+    all-reduce."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    staged = flat.device.type == "cuda" and dist.get_backend(group) == "gloo"
+    buf = flat.cpu() if staged else flat
+    dist.all_reduce(buf, group=group, async_op=True).wait(timedelta(seconds=timeout))
+    if staged:
+        flat.copy_(buf)
+    at = 0
+    for g in grads:
+        g.copy_(flat[at:at + g.numel()].view_as(g))
+        at += g.numel()
+    if flat.device.type == "cuda":
+        torch.cuda.synchronize(flat.device)
+
+
 class GradientSync:
     """A rank's DP lane: all-reduces of its model stages' gradients and their SGD steps.
     Spans (seconds on the host clock): `allreduce` (model stage, bucket, start, end) and
@@ -113,18 +132,7 @@ class GradientSync:
                 p.grad = torch.zeros_like(p)
         for i, bucket in enumerate(buckets(params, self.bucket_bytes)):
             start = now()
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-            staged = flat.device.type == "cuda" and dist.get_backend(self.group) == "gloo"
-            buf = flat.cpu() if staged else flat
-            dist.all_reduce(buf, group=self.group, async_op=True).wait(timedelta(seconds=self.timeout))
-            if staged:
-                flat.copy_(buf)
-            at = 0
-            for p in bucket:
-                p.grad.copy_(flat[at:at + p.numel()].view_as(p))
-                at += p.numel()
-            if flat.device.type == "cuda":
-                torch.cuda.synchronize(flat.device)
+            allreduce_bucket([p.grad for p in bucket], self.group, self.timeout)
             self.allreduce.append((k, i, start, now()))
         return now()
 

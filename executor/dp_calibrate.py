@@ -4,11 +4,19 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
 
 1. how much slower its model stage's back-to-back F + BW run when every replica
    computes than when only replica 0 does (`replica_slowdown`): the other replicas' ranks
-   share this host's cores, which a single replica's calibration cannot see; the
-   pipeline's op times are scaled by it;
+   share this host's cores, which a single replica's calibration cannot see. Where the
+   p x d ranks outnumber the cores, they share them pinned round-robin, as the
+   simulator's `HostSharing` says (`replica_sharing`): the factor gives how much slower
+   than a fair share a rank computes on a shared core, and the simulator runs every
+   replica together, so a rank is slowed only while its core's other ranks compute
+   (scaling every op by the factor made the ops of a p = 2, d = 2 run 1.4-2x too long).
+   Where each rank has its own cores, the factor is the other cores' interference and
+   scales the pipeline's op times;
 2. its model stages' SGD step (`optimizer_time`, seconds, every rank at once as at the
    end of a step) and their gradient bytes;
-3. a ring all-reduce over its DP group at several sizes, every group at once; the line
+3. a bucket of gradients all-reduced over its DP group as the run does it
+   (`data_parallel.allreduce_bucket`: flattened, all-reduced, copied back) at several
+   sizes, every group at once; the line
    through the medians, t = a + b * n, gives the DP link of
    `simulator.costs.DataParallel`: latency a / (2(d-1)) per ring step and bandwidth
    2(d-1)/d / b.
@@ -17,22 +25,28 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
+import socket
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipesched.schedules.ir import Schedule
-from pipesched.simulator.costs import CostModel, DataParallel
+from pipesched.simulator.costs import CostModel, DataParallel, HostSharing
+from pipesched.simulator.run_costs import costs_from_runs
+from pipesched.simulator.trace import ALLREDUCE
 
 from .calibrate import CalibrationOptions, _free_running
 from .clock import now
-from .data_parallel import Layout, dp_groups, trainable
-from .launch import RankContext
+from .data_parallel import Layout, allreduce_bucket, dp_groups, trainable
+from .launch import RankContext, host_cores
 from .links import fit_link
 from .models import ExampleModel, PipelineModel, check_model
 from .profile import stage_for_profiling
+from .run_calibration import run_traces, uses_runs
 
 ROUNDS = 3  # alternating rounds of replica 0 alone and every replica computing
 ALLREDUCE_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes, besides each stage's gradients
@@ -50,10 +64,16 @@ class DataParallelProfile:
     allreduce: list[float]               # median seconds per size (the slowest DP group)
     latency: float
     bandwidth: float
+    cores: int = 1        # the host's cores the launch shared (`launch.host_cores`)
+    threads: int = 1      # intra-op threads per rank in the launch
+    one_host: bool = True
+    runs: list = field(default_factory=list)  # (Schedule, replica 0's Trace) of the calibration runs x d replicas
 
     def to_meta(self) -> dict:
         return {"degree": self.degree, "replica_slowdown": {str(k): v for k, v in self.replica_slowdown.items()},
-                "allreduce_sizes": self.sizes, "allreduce_seconds": self.allreduce}
+                "allreduce_sizes": self.sizes, "allreduce_seconds": self.allreduce, "cores": self.cores,
+                "threads_per_rank": self.threads, "one_host": self.one_host,
+                "runs": [schedule.name for schedule, _ in self.runs]}
 
 
 def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel, replicas: int,
@@ -99,30 +119,35 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
         for q in stages[k][0].params:
             q.grad = None
 
-    # 3. all-reduces over the DP groups, every group at once
+    # 3. gradient buckets all-reduced as the run does (`allreduce_bucket`), every group at
+    # once, in a thread as the run's DP lane does: two gradients of n/2 bytes per size
     sizes = sorted(set(ALLREDUCE_SIZES) | {int(n) for n in grad_bytes.values() if n > 0})
     medians = []
-    for n in sizes:
-        buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
-        if ctx.backend == "nccl":
-            buf = buf.to(ctx.device)
-        times = []
-        for i in range(options.warmup + options.repeats):
-            dist.barrier()
-            start = now()
-            dist.all_reduce(buf, group=group)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            if i >= options.warmup:
-                times.append(now() - start)
-        medians.append(statistics.median(times))
+    with cf.ThreadPoolExecutor(max_workers=1) as lane:
+        for n in sizes:
+            half = max(1, n // 8)
+            grads = [torch.zeros(half, dtype=torch.float32, device=ctx.device) for _ in range(2)]
+            times = []
+            for i in range(options.warmup + options.repeats):
+                dist.barrier()
+                start = now()
+                lane.submit(allreduce_bucket, grads, group, options.timeout).result()
+                if i >= options.warmup:
+                    times.append(now() - start)
+            medians.append(statistics.median(times))
 
-    mine = (layout.pipeline_rank, slowdown, optimizer, grad_bytes, medians)
+    # 4. op times with every replica running: the calibration runs (1F1B and ZB-H1 for one
+    # model stage per rank), d replicas of each
+    runs = run_traces(ctx, schedule, model, options, replicas) if uses_runs(options, ctx, p) else []
+
+    mine = (layout.pipeline_rank, slowdown, optimizer, grad_bytes, medians, socket.gethostname())
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if ctx.rank != 0:
         return None
-    return _assemble(schedule, replicas, sizes, gathered)
+    profile = _assemble(schedule, replicas, sizes, gathered)
+    return replace(profile, cores=host_cores(), threads=torch.get_num_threads(),
+                   one_host=len({r[5] for r in gathered}) == 1, runs=runs)
 
 
 def _assemble(schedule: Schedule, replicas: int, sizes: list[int], reports: list) -> DataParallelProfile:
@@ -130,7 +155,7 @@ def _assemble(schedule: Schedule, replicas: int, sizes: list[int], reports: list
     slow: dict[int, list[float]] = {}
     optimizer: dict[int, list[float]] = {}
     grad_bytes: dict[int, float] = {}
-    for rank, (_, slowdown, opt, nbytes, _) in enumerate(reports):
+    for rank, (_, slowdown, opt, nbytes, *_) in enumerate(reports):
         for k in opt:
             if rank < p:  # replica 0's ranks measured the factor of their stages
                 slow.setdefault(k, []).append(slowdown)
@@ -147,13 +172,74 @@ def _assemble(schedule: Schedule, replicas: int, sizes: list[int], reports: list
                                dict(sorted(grad_bytes.items())), sizes, allreduce, latency, bandwidth)
 
 
-def with_data_parallel(costs: CostModel, profile: DataParallelProfile, bucket_bytes: float | None = None) -> CostModel:
-    """The pipeline's calibrated `costs` (with model_stages) as a data-parallel step:
-    op times scaled by the replicas' slowdown, each model stage's optimizer time and
-    gradient bytes, and the DP link."""
+def cores_shared(rank: int, ranks: int, cores: int) -> int:
+    """How many of `ranks` ranks, pinned round-robin (`launch.rank_cores`), share
+    `rank`'s core: 1 where every rank has cores of its own."""
+    return 1 if ranks <= cores else len(range(rank % cores, ranks, cores))
+
+
+def replica_sharing(costs: CostModel, profile: DataParallelProfile, ranks: int) -> HostSharing | None:
+    """How the `ranks` x profile.degree ranks of a CPU launch on one host share its cores
+    (None where each has cores of its own, or on GPUs): pinned round-robin, and on a
+    shared core `switching` slower than a fair share. The switching is what makes
+    replica_slowdown (all ranks computing against replica 0's alone) exceed the ratio of
+    ranks per core; where replica 0's ranks already shared cores, the ratio holds the
+    switching on both sides and the pipeline's calibrated one is kept."""
+    world = ranks * profile.degree
+    if not profile.one_host or costs.meta.get("calibrated", {}).get("device", "cpu") != "cpu" or world <= profile.cores:
+        return None
+    before = costs.host
+    interference = before.interference if before is not None else 0.0
+    alone, together = cores_shared(0, ranks, profile.cores), cores_shared(0, world, profile.cores)
+    if alone > 1 and before is not None:
+        switching = before.switching
+    else:
+        factors = list(profile.replica_slowdown.values()) or [float(together)]
+        switching = max(0.0, statistics.median(factors) / together - 1.0)
+    return HostSharing(capacity=float(profile.cores), compute_demand=1.0, interference=interference, pinned=True,
+                       switching=switching).check()
+
+
+def allreduce_in_runs(profile: DataParallelProfile, link: DataParallel) -> float:
+    """How much longer the gradient all-reduces of the calibration runs took than `link`
+    says: the median over their spans of measured over predicted seconds (1 without
+    spans). In a run a rank's all-reduce also waits for the other replicas to be ready,
+    and shares its core with them, which the all-reduces timed alone do not show."""
+    ratios = []
+    for schedule, trace in profile.runs:
+        spans = np.flatnonzero(trace.lane == ALLREDUCE)
+        bucket_bytes = (trace.meta.get("data_parallel") or {}).get("bucket_bytes")
+        run_link = replace(link, bucket_bytes=bucket_bytes)
+        for i in spans.tolist():
+            nbytes = profile.grad_bytes.get(schedule.stages[int(trace.stage[i])].model_stage, 0.0)
+            sizes = run_link.buckets(nbytes)
+            predicted = run_link.allreduce_time(sizes[min(int(trace.mb[i]), len(sizes) - 1)])
+            if predicted > 0:
+                ratios.append((trace.end[i] - trace.start[i]) / predicted)
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: int,
+                       bucket_bytes: float | None = None) -> CostModel:
+    """The pipeline's calibrated `costs` (with model_stages, for `ranks` pipeline ranks)
+    as a data-parallel step: each model stage's optimizer time and gradient bytes, the
+    DP link (slowed as the calibration runs' all-reduces were, `allreduce_in_runs`), and
+    the op times with every replica running. Those are, in order of
+    preference: what the calibration runs of every replica measured (`profile.runs`;
+    the sharing is in them); the profiled op times, with the p x d ranks simulated
+    sharing the host (`replica_sharing`); the profiled op times scaled by the replicas'
+    slowdown where each rank has cores of its own."""
+    host = None
+    link = DataParallel(profile.degree, profile.latency, profile.bandwidth, bucket_bytes)
+    if profile.runs:
+        costs = costs_from_runs(costs, profile.runs)
+        slower = allreduce_in_runs(profile, link)
+        link = replace(link, latency=link.latency * slower, bandwidth=link.bandwidth / slower)
+    else:
+        host = replica_sharing(costs, profile, ranks)
     stages = []
     for k, s in enumerate(costs.model_stages or ()):
-        f = profile.replica_slowdown.get(k, 1.0)
+        f = 1.0 if profile.runs or host is not None else profile.replica_slowdown.get(k, 1.0)
         stages.append(replace(s, forward=s.forward * f, backward_input=s.backward_input * f,
                               backward_weight=s.backward_weight * f,
                               backward_full=None if s.backward_full is None else s.backward_full * f,
@@ -164,8 +250,8 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, bucket_by
     meta["data_parallel_calibrated"] = profile.to_meta()
     return replace(costs, stages=(stages[0],) if stages else costs.stages,
                    model_stages=tuple(stages) if stages else costs.model_stages,
-                   data_parallel=DataParallel(profile.degree, profile.latency, profile.bandwidth, bucket_bytes),
-                   meta=meta).check()
+                   host=host if host is not None else costs.host,
+                   data_parallel=link, meta=meta).check()
 
 
 def calibrate_data_parallel(schedule: Schedule, model: PipelineModel | ExampleModel, replicas: int,
@@ -180,4 +266,4 @@ def calibrate_data_parallel(schedule: Schedule, model: PipelineModel | ExampleMo
     costs = launch_local(calibrate_here, (schedule, model, options), schedule.ranks, backend, options.timeout)
     profile = launch_local(measure_here, (schedule, model, replicas, options), schedule.ranks * replicas, backend,
                            options.timeout)
-    return with_data_parallel(costs, profile, bucket_bytes)
+    return with_data_parallel(costs, profile, schedule.ranks, bucket_bytes)

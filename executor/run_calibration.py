@@ -25,6 +25,7 @@ from pipesched.schedules.ir import Schedule, ScheduleError
 from pipesched.schedules.registry import build
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.run_costs import costs_from_runs
+from pipesched.simulator.trace import Trace
 
 from . import progress
 from .calibrate import CalibrationOptions, calibrate_here
@@ -49,12 +50,12 @@ def calibration_runs(schedule: Schedule) -> list[Schedule]:
     return runs
 
 
-def uses_runs(options: CalibrationOptions, ctx: RankContext) -> bool:
+def uses_runs(options: CalibrationOptions, ctx: RankContext, ranks: int | None = None) -> bool:
     """Whether op times come from runs: as `options.from_runs` says, or (None) where every
-    rank has a CPU core of its own."""
+    rank of one pipeline (`ranks`, default the launch's) has a CPU core of its own."""
     if options.from_runs is not None:
         return options.from_runs
-    return ctx.device.type == "cpu" and ctx.world <= host_cores()
+    return ctx.device.type == "cpu" and (ctx.world if ranks is None else ranks) <= host_cores()
 
 
 def calibrate_with_runs(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
@@ -64,13 +65,22 @@ def calibrate_with_runs(ctx: RankContext, schedule: Schedule, model: PipelineMod
     base = calibrate_here(ctx, schedule, model, options)
     if not uses_runs(options, ctx):
         return base
-    traces = []
-    for run in calibration_runs(schedule):
-        progress.say(ctx.rank, f"calibrating: op times from {RUN_STEPS} steps of {run.name}")
-        result = run_schedule(ctx, run, model, RunOptions(steps=RUN_STEPS, warmup=RUN_WARMUP, timeout=options.timeout,
-                                                          check=False))
-        if ctx.rank == 0:
-            traces.append((run, result.trace))
+    traces = run_traces(ctx, schedule, model, options)
     if ctx.rank != 0:
         return None
     return costs_from_runs(base, traces) if traces else base
+
+
+def run_traces(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
+               options: CalibrationOptions, replicas: int = 1) -> list[tuple[Schedule, Trace]]:
+    """Collective: a few steps of each of `schedule`'s calibration runs, `replicas` data-
+    parallel replicas of each; on rank 0 every run with replica 0's measured Trace."""
+    traces = []
+    for run in calibration_runs(schedule):
+        progress.say(ctx.rank, f"calibrating: op times from {RUN_STEPS} steps of {run.name}"
+                     + (f" x {replicas} replicas" if replicas > 1 else ""))
+        result = run_schedule(ctx, run, model, RunOptions(steps=RUN_STEPS, warmup=RUN_WARMUP, timeout=options.timeout,
+                                                          check=False, dp=replicas))
+        if ctx.rank == 0:
+            traces.append((run, result.trace))
+    return traces

@@ -202,7 +202,8 @@ def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, o
                                       options.timeout)
         profile, result = launch_local(measure_and_run, (schedule, model, calibration, options),
                                        schedule.ranks * options.dp, backend, options.timeout)
-        return assemble(schedule, with_data_parallel(pipeline_costs, profile, options.bucket_bytes), result, options)
+        return assemble(schedule, with_data_parallel(pipeline_costs, profile, schedule.ranks,
+                                                           options.bucket_bytes), result, options)
     args = (schedule, model, calibration, options)
     if under_torchrun():
         out = run_here(calibrate_and_run, args, backend, options.timeout)

@@ -8,10 +8,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from pipesched.executor.calibrate import CalibrationOptions  # noqa: E402
+from pipesched.executor.dp_calibrate import measure_here, with_data_parallel  # noqa: E402
 from pipesched.executor.job import RunOptions, run_schedule  # noqa: E402
 from pipesched.executor.launch import launch_local  # noqa: E402
 from pipesched.executor.models import ExampleModel  # noqa: E402
 from pipesched.schedules.registry import build  # noqa: E402
+from pipesched.simulator.costs import CostModel, StageCost  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
 from pipesched.simulator.trace import ALLREDUCE, COMPUTE, Trace  # noqa: E402
 
@@ -32,6 +35,9 @@ def run_cases(ctx, cases: list) -> dict | None:
         result = run_schedule(ctx, schedule, MLP64, options)
         if result is not None:
             out[case_id] = result
+    # data parallelism's calibration in the same launch: op times from runs of every replica
+    out["profile"] = measure_here(ctx, build("1f1b", 2, 4), MLP64, 2, CalibrationOptions(repeats=2, warmup=1,
+                                                                                         from_runs=True))
     return out if ctx.rank == 0 else None
 
 
@@ -74,3 +80,16 @@ def test_measured_trace_shows_allreduces_after_the_last_weight_op_and_optimizer_
     assert m.allreduce_time > 0 and 0 <= m.allreduce_exposed <= m.makespan
     trace.save(tmp_path / "t.json")
     assert Trace.load(tmp_path / "t.json").to_dict() == trace.to_dict()
+
+
+def test_calibration_reads_op_times_and_the_allreduce_from_runs_of_every_replica(results):
+    profile = results["profile"]
+    assert [s.name for s, _ in profile.runs] == ["1f1b", "zb-h1"]
+    assert all(t.ranks == 2 and (t.lane == ALLREDUCE).any() for _, t in profile.runs)  # replica 0's, with its tail
+    assert profile.degree == 2 and profile.bandwidth > 0 and set(profile.optimizer_time) == {0, 1}
+    solo = CostModel(model_stages=(StageCost(1.0, 1.0, 1.0),) * 2)
+    step = with_data_parallel(solo, profile, 2)
+    measured = [s.end - s.start for _, t in profile.runs for s in t.spans(lane=COMPUTE) if s.op == "F"]
+    assert min(measured) <= step.model_stages[0].forward <= max(measured)  # a median of the runs', not 1 s
+    assert step.host is None and step.data_parallel.degree == 2
+    assert step.meta["data_parallel_calibrated"]["runs"] == ["1f1b", "zb-h1"]
