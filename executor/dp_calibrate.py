@@ -4,22 +4,25 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
 
 1. how much slower its model stage's back-to-back F + BW run when every replica
    computes than when only replica 0 does (`replica_slowdown`): the other replicas' ranks
-   share this host's cores, which a single replica's calibration cannot see. Where the
-   p x d ranks outnumber the cores, they share them pinned round-robin, as the
-   simulator's `HostSharing` says (`replica_sharing`): the factor gives how much slower
-   than a fair share a rank computes on a shared core, and the simulator runs every
-   replica together, so a rank is slowed only while its core's other ranks compute
-   (scaling every op by the factor made the ops of a p = 2, d = 2 run 1.4-2x too long).
-   Where each rank has its own cores, the factor is the other cores' interference and
-   scales the pipeline's op times;
+   share this host's cores, which a single replica's calibration cannot see. Used where
+   op times come from solo profiles: with more ranks than cores, the ranks share them
+   pinned round-robin (`replica_sharing`), the factor beyond the ranks per core is the
+   switching cost, and the simulator runs every replica together, so a rank is slowed
+   only while its core's other ranks compute; with a core each, the factor is the other
+   cores' interference and scales the op times;
 2. its model stages' SGD step (`optimizer_time`, seconds, every rank at once as at the
    end of a step) and their gradient bytes;
 3. a bucket of gradients all-reduced over its DP group as the run does it
    (`data_parallel.allreduce_bucket`: flattened, all-reduced, copied back) at several
-   sizes, every group at once; the line
-   through the medians, t = a + b * n, gives the DP link of
-   `simulator.costs.DataParallel`: latency a / (2(d-1)) per ring step and bandwidth
-   2(d-1)/d / b.
+   sizes, every group at once; the line through the medians, t = a + b * n, gives the
+   DP link of `simulator.costs.DataParallel`: latency a / (2(d-1)) per ring step and
+   bandwidth 2(d-1)/d / b;
+4. where op times come from runs (`run_calibration.uses_runs` for one pipeline's ranks),
+   a few steps of the calibration runs with every replica running: their op times
+   replace the pipeline's (the sharing is in them; scaling solo op times by the
+   free-running factor made a p = 2, d = 2 step's ops 1.5-2x too long, since in a step a
+   rank often computes while its core's other rank waits), and their all-reduce spans
+   slow the link (a rank's all-reduce also waits for the other replicas).
 
 `with_data_parallel` folds these into the pipeline's calibrated cost model.
 """
