@@ -5,12 +5,11 @@ import numpy as np
 
 from pipesched.schedules.graph import TaskGraph
 from pipesched.schedules.ir import Schedule
+from pipesched.schedules.replicas import replicate
 from pipesched.schedules.validate import gc_paused, validate
 
 from .costs import CostError, CostModel
-from pipesched.schedules.replicas import replicate
-
-from .data_parallel import add_step_tail, gradients_ready, has_tail, replica_zero
+from .data_parallel import add_step_tail, gradients_ready, has_tail
 from .des import run_des
 from .exact import longest_path
 from .timing import resolve, to_trace
@@ -58,7 +57,6 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "au
 
 def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Trace:
     noise = {k: v for k, v in options.items() if k in ("noise_cv", "rng")}
-    timing = resolve(graph, costs, **noise)
     meta = {"engine": engine}
     if engine == "auto":
         engine = "des" if costs.host is not None else "exact"
@@ -67,18 +65,19 @@ def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Tra
     if costs.host is not None:
         meta["shared_compute"] = {"capacity": costs.host.capacity, "compute_demand": costs.host.compute_demand,
                                   "wait_demand": costs.host.wait_demand}
-    dp = costs.data_parallel
+    dp, schedule = costs.data_parallel, graph.schedule
     if dp.degree > 1 and costs.host is not None:  # the replicas share the host: simulate them together
-        everyone = validate(replicate(graph.schedule, dp.degree))
-        every_timing = resolve(everyone, costs, **noise)
-        full = to_trace(everyone, every_timing, run_des(everyone, every_timing, costs.host), meta)
-        trace = replica_zero(full, graph.schedule)
+        everyone = validate(replicate(schedule, dp.degree))
+        timing = resolve(everyone, costs, **noise)
+        full = to_trace(everyone, timing, run_des(everyone, timing, costs.host), meta)
+        trace = full.first_ranks(schedule.ranks, schedule.microbatches)
         trace.meta["replicas_simulated"] = dp.degree
-        return add_step_tail(trace, graph.schedule, timing.stage_costs, dp, gradients_ready(full, graph.schedule))
+        return add_step_tail(trace, schedule, timing.stage_costs, dp, gradients_ready(full, schedule))
+    timing = resolve(graph, costs, **noise)
     timeline = longest_path(graph, timing) if engine == "exact" else run_des(graph, timing, costs.host)
     trace = to_trace(graph, timing, timeline, meta)
     if has_tail(timing.stage_costs, dp):
-        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, dp)
+        trace = add_step_tail(trace, schedule, timing.stage_costs, dp)
     return trace
 
 

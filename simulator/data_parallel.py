@@ -6,8 +6,8 @@ once, whichever engine made it. Where the replicas share a host's processors
 (`CostModel.host`), they are simulated together (`schedules.replicas.replicate`, the
 DES): a rank then computes slower while its core's other ranks compute too, and the
 replicas drift apart; the Trace is replica 0's, and a stage's all-reduce starts when
-every replica's copy of it is ready (`gradients_ready`). Per rank and per virtual stage it holds (each virtual stage keeps its own
-weights, so it is one all-reduce group's payload):
+every replica's copy of it is ready (`gradients_ready`). Per rank and per virtual stage
+(each virtual stage keeps its own weights, so it is one all-reduce group's payload):
 
 - the stage's weight gradients (`StageCost.synced_bytes`) are all-reduced across the d
   replicas as soon as the stage's last W or BW on the rank ends, in buckets
@@ -97,16 +97,6 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
         "bandwidth": None if np.isinf(dp.bandwidth) else dp.bandwidth, "bucket_bytes": dp.bucket_bytes,
         "exposed_allreduce": exposed_allreduce(out)}
     return out
-
-
-def replica_zero(trace: Trace, schedule: Schedule) -> Trace:
-    """The spans and memory of replica 0 (ranks 0..p-1 of `schedule`) out of the Trace of
-    every replica: its ranks, stages and microbatches keep their numbers."""
-    keep = trace.rank < schedule.ranks
-    return Trace(schedule.name, schedule.ranks, schedule.microbatches, trace.source,
-                 rank=trace.rank[keep], lane=trace.lane[keep], op=trace.op[keep], mb=trace.mb[keep],
-                 stage=trace.stage[keep], start=trace.start[keep], end=trace.end[keep], peer=trace.peer[keep],
-                 overlapped=trace.overlapped[keep], memory=trace.memory[:schedule.ranks], meta=dict(trace.meta))
 
 
 def _appended(trace: Trace, rows: list[tuple]) -> Trace:

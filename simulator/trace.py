@@ -126,6 +126,16 @@ class Trace:
             lead = before[-1:] if len(before) else np.zeros(0, int)
             memory.append((np.concatenate((np.full(len(lead), lo), t[inside])),
                            np.concatenate((b[lead], b[inside]))))
+        return self._subset(keep, memory)
+
+    def first_ranks(self, ranks: int, microbatches: int) -> "Trace":
+        """The spans and memory of ranks 0..ranks-1 alone, as a trace of `ranks` ranks and
+        `microbatches` microbatches (e.g. replica 0 out of every data-parallel replica)."""
+        out = self._subset(self.rank < ranks, self.memory[:ranks])
+        out.ranks, out.microbatches = ranks, microbatches
+        return out
+
+    def _subset(self, keep: np.ndarray, memory: list) -> "Trace":
         return Trace(self.schedule, self.ranks, self.microbatches, self.source, self.rank[keep],
                      self.lane[keep], self.op[keep], self.mb[keep], self.stage[keep], self.start[keep],
                      self.end[keep], self.peer[keep], self.overlapped[keep], memory, dict(self.meta))
