@@ -25,6 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipesched.schedules.graph import TaskGraph
+from pipesched.schedules.ir import BW, W
+
 from .clock import now
 from .comm import ExecutorError
 from .models import PipelineModel
@@ -61,6 +64,13 @@ def replica_model(model: PipelineModel, replica: int, replicas: int) -> Pipeline
                          model.scale, model.name)
 
 
+def last_weight_tasks(graph: TaskGraph, rank: int) -> dict[int, int]:
+    """Model stage -> the task id of its last W or BW in `rank`'s program: when it ends,
+    the stage's gradients are final and its all-reduce starts."""
+    return {graph.schedule.stages[graph.tasks[t].stage].model_stage: t  # later ones overwrite: the last
+            for u in graph.rank_units[rank] for t in graph.units[u] if graph.tasks[t].op in (W, BW)}
+
+
 def dp_groups(ranks: int, replicas: int) -> list:
     """One process group per pipeline position: the ranks r, r + p, r + 2p, ... Collective:
     every rank creates every group, in the same order."""
@@ -86,6 +96,14 @@ def buckets(params: list[nn.Parameter], bucket_bytes: float | None) -> list[list
         else:
             out[-1].append(p)
     return out
+
+
+def sgd_step(params: list[nn.Parameter], lr: float) -> None:
+    """p -= lr * p.grad for every parameter (all with gradients), finished on the device."""
+    with torch.no_grad():
+        torch._foreach_add_(params, [p.grad for p in params], alpha=-lr)
+    if params and params[0].device.type == "cuda":
+        torch.cuda.synchronize(params[0].device)
 
 
 def allreduce_bucket(grads: list[torch.Tensor], group, timeout: float) -> None:
@@ -153,14 +171,10 @@ class GradientSync:
 
     def step(self, order: list[int]) -> None:
         """SGD on each model stage in `order` (p -= lr * grad)."""
-        with torch.no_grad():
-            for k in order:
-                start = now()
-                params = trainable(self.modules[k])
-                torch._foreach_add_(params, [p.grad for p in params], alpha=-self.lr)
-                if params and params[0].device.type == "cuda":
-                    torch.cuda.synchronize(params[0].device)
-                self.optimizer.append((k, start, now()))
+        for k in order:
+            start = now()
+            sgd_step(trainable(self.modules[k]), self.lr)
+            self.optimizer.append((k, start, now()))
 
     def take_spans(self) -> tuple[list, list]:
         spans = (self.allreduce, self.optimizer)

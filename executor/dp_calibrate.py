@@ -4,8 +4,8 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
 
 1. how much slower its model stage's back-to-back F + BW run when every replica
    computes than when only replica 0 does (`replica_slowdown`): the other replicas' ranks
-   share this host's cores, which a single replica's calibration cannot see. Used where
-   op times come from solo profiles: with more ranks than cores, the ranks share them
+   share this host's cores, which a single replica's calibration cannot see. Measured
+   only where op times come from solo profiles: with more ranks than cores, the ranks share them
    pinned round-robin (`replica_sharing`), the factor beyond the ranks per core is the
    switching cost, and the simulator runs every replica together, so a rank is slowed
    only while its core's other ranks compute; with a core each, the factor is the other
@@ -44,7 +44,7 @@ from pipesched.simulator.trace import ALLREDUCE
 
 from .calibrate import CalibrationOptions, _free_running
 from .clock import now
-from .data_parallel import Layout, allreduce_bucket, dp_groups, trainable
+from .data_parallel import Layout, allreduce_bucket, dp_groups, sgd_step, trainable
 from .launch import RankContext, host_cores
 from .links import fit_link
 from .models import ExampleModel, PipelineModel, check_model
@@ -92,34 +92,36 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
     group = dp_groups(p, replicas)[layout.pipeline_rank]
     iterations = 3 * options.repeats
 
-    # 1. ops with every replica computing, against replica 0 alone: a warm-up round first
-    # (first calls allocate), then rounds in turn, the ratio of the medians (a busy host is noisy)
-    _free_running(ctx, list(range(ctx.world)), stages[own[0]], iterations)
-    alone, together = [], []
-    for _ in range(ROUNDS):
-        alone.append(_free_running(ctx, list(range(p)), stages[own[0]], iterations))
-        together.append(_free_running(ctx, list(range(ctx.world)), stages[own[0]], iterations))
-    slowdown = statistics.median(together) / statistics.median(alone) if layout.replica == 0 else 1.0
+    from_runs = uses_runs(options, ctx, p)
 
-    # 2. the optimizer step of each own stage, every rank at once
+    # 1. without runs: ops with every replica computing, against replica 0 alone: a warm-up
+    # round first (first calls allocate), then rounds in turn, the ratio of the medians
+    slowdown = None
+    if not from_runs:
+        _free_running(ctx, list(range(ctx.world)), stages[own[0]], iterations)
+        alone, together = [], []
+        for _ in range(ROUNDS):
+            alone.append(_free_running(ctx, list(range(p)), stages[own[0]], iterations))
+            together.append(_free_running(ctx, list(range(ctx.world)), stages[own[0]], iterations))
+        if layout.replica == 0:  # the other replicas' ranks sat out the rounds "alone"
+            slowdown = statistics.median(together) / statistics.median(alone)
+
+    # 2. the optimizer step of each own stage as the run takes it (`sgd_step`), every rank at once
     optimizer, grad_bytes = {}, {}
     for k in own:
         params = trainable(stages[k][0].module)
-        grads = [torch.ones_like(q) for q in params]
+        for q in params:
+            q.grad = torch.ones_like(q)
         grad_bytes[k] = float(sum(q.numel() * q.element_size() for q in params))
         times = []
         for i in range(options.warmup + options.repeats):
             dist.barrier()
             start = now()
-            with torch.no_grad():
-                torch._foreach_add_(params, grads, alpha=-0.0)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
+            sgd_step(params, 0.0)
             if i >= options.warmup:
                 times.append(now() - start)
         optimizer[k] = statistics.median(times)
-    for k in own:
-        for q in stages[k][0].params:
+        for q in params:
             q.grad = None
 
     # 3. gradient buckets all-reduced as the run does (`allreduce_bucket`), every group at
@@ -141,7 +143,7 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
 
     # 4. op times with every replica running: the calibration runs (1F1B and ZB-H1 for one
     # model stage per rank), d replicas of each
-    runs = run_traces(ctx, schedule, model, options, replicas) if uses_runs(options, ctx, p) else []
+    runs = run_traces(ctx, schedule, model, options, replicas) if from_runs else []
 
     mine = (layout.pipeline_rank, slowdown, optimizer, grad_bytes, medians, socket.gethostname())
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
@@ -160,7 +162,7 @@ def _assemble(schedule: Schedule, replicas: int, sizes: list[int], reports: list
     grad_bytes: dict[int, float] = {}
     for rank, (_, slowdown, opt, nbytes, *_) in enumerate(reports):
         for k in opt:
-            if rank < p:  # replica 0's ranks measured the factor of their stages
+            if rank < p and slowdown is not None:  # replica 0's ranks measured the factor of their stages
                 slow.setdefault(k, []).append(slowdown)
             optimizer.setdefault(k, []).append(opt[k])
             grad_bytes[k] = nbytes[k]
@@ -240,15 +242,10 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
         link = replace(link, latency=link.latency * slower, bandwidth=link.bandwidth / slower)
     else:
         host = replica_sharing(costs, profile, ranks)
-    stages = []
-    for k, s in enumerate(costs.model_stages or ()):
-        f = 1.0 if profile.runs or host is not None else profile.replica_slowdown.get(k, 1.0)
-        stages.append(replace(s, forward=s.forward * f, backward_input=s.backward_input * f,
-                              backward_weight=s.backward_weight * f,
-                              backward_full=None if s.backward_full is None else s.backward_full * f,
-                              grad_accumulate=s.grad_accumulate * f,
-                              optimizer_time=profile.optimizer_time.get(k, 0.0),
-                              weight_grad_bytes=profile.grad_bytes.get(k, s.param_bytes)))
+    stages = [replace(s if profile.runs or host is not None else s.slower(profile.replica_slowdown.get(k, 1.0)),
+                      optimizer_time=profile.optimizer_time.get(k, 0.0),
+                      weight_grad_bytes=profile.grad_bytes.get(k, s.param_bytes))
+              for k, s in enumerate(costs.model_stages or ())]
     meta = dict(costs.meta)
     meta["data_parallel_calibrated"] = profile.to_meta()
     return replace(costs, stages=(stages[0],) if stages else costs.stages,
@@ -260,13 +257,13 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
 def calibrate_data_parallel(schedule: Schedule, model: PipelineModel | ExampleModel, replicas: int,
                             options: CalibrationOptions = CalibrationOptions(), backend: str = "gloo",
                             bucket_bytes: float | None = None) -> CostModel:
-    """Two local launches: the pipeline's calibration on p ranks (executor.calibrate),
-    then the data-parallel measurements on p x `replicas` ranks; the whole step's costs."""
-    from .calibrate import calibrate_here
+    """Two local launches: the pipeline's calibration on p ranks (`options.job()`, as
+    `validate --dp` runs it), then the data-parallel measurements on p x `replicas`
+    ranks; the whole step's costs."""
     from .launch import launch_local
 
     options.check()
-    costs = launch_local(calibrate_here, (schedule, model, options), schedule.ranks, backend, options.timeout)
+    costs = launch_local(options.job(), (schedule, model, options), schedule.ranks, backend, options.timeout)
     profile = launch_local(measure_here, (schedule, model, replicas, options), schedule.ranks * replicas, backend,
                            options.timeout)
     return with_data_parallel(costs, profile, schedule.ranks, bucket_bytes)

@@ -26,7 +26,7 @@ from pipesched.simulator.trace import ALLREDUCE, COMPUTE, OPTIMIZER, RECV, SEND,
 from . import reference, replicas
 from . import progress
 from .clock import clock_offset
-from .data_parallel import Layout, replica_model
+from .data_parallel import Layout, last_weight_tasks, replica_model
 from .launch import RankContext, check_backend, check_launchable, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
 from .runtime import RankRuntime, RankStep
@@ -273,12 +273,11 @@ def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Tra
             if lane == "recv" and math.isfinite(taken):
                 takes.append([rec.rank, src.op, src.mb, src.stage, peer, taken - shift])
         if rec.allreduce or rec.optimizer:
-            last = _last_weight_ops(graph, rec.rank)
+            last = {k: graph.tasks[t] for k, t in last_weight_tasks(graph, rec.rank).items()}
             for k, bucket, start, end in rec.allreduce:
-                stage, op = last[k]
-                spans.append(Span(rec.rank, ALLREDUCE, op, bucket, stage, start - shift, end - shift))
+                spans.append(Span(rec.rank, ALLREDUCE, last[k].op, bucket, last[k].stage, start - shift, end - shift))
             for k, start, end in rec.optimizer:
-                spans.append(Span(rec.rank, COMPUTE, OPTIMIZER, 0, last[k][0], start - shift, end - shift))
+                spans.append(Span(rec.rank, COMPUTE, OPTIMIZER, 0, last[k].stage, start - shift, end - shift))
         times, levels = rec.memory
         memory.append(([x - shift for x in times], levels))
         for k, v in rec.forward_bytes.items():
@@ -294,18 +293,6 @@ def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Tra
         "receive_takes": takes,
     }
     return Trace.from_spans(sched.name, sched.ranks, sched.microbatches, "measured", spans, memory, meta)
-
-
-def _last_weight_ops(graph: TaskGraph, rank: int) -> dict[int, tuple[int, str]]:
-    """Model stage -> (virtual stage, op) of its last W or BW on `rank`: what a
-    data-parallel step's all-reduce and optimizer spans are keyed by."""
-    out = {}
-    for u in graph.rank_units[rank]:
-        for t in graph.units[u]:
-            task = graph.tasks[t]
-            if task.op in ("W", "BW"):
-                out[graph.schedule.stages[task.stage].model_stage] = (task.stage, task.op)
-    return out
 
 
 def _same(a: list, b: list) -> bool:

@@ -21,7 +21,7 @@ from pipesched.simulator.posting import receive_posts
 from . import replicas
 from .clock import CpuTimer, CudaTimer, now
 from .comm import GlooTransport, NcclTransport, Transfer, link_groups
-from .data_parallel import GradientSync, Layout, dp_groups
+from .data_parallel import GradientSync, Layout, dp_groups, last_weight_tasks
 from .memory import MemoryLedger
 from .models import PipelineModel, TensorSpec
 from .stage import StageModule, held_bytes
@@ -129,9 +129,7 @@ class RankRuntime:
             group = dp_groups(p, layout.replicas)[rank]  # collective too, after the link groups everywhere
             self.sync = GradientSync(layout.rank, {k: sm.module for k, sm in self.modules.items()}, group,
                                      bucket_bytes, timeout, lr)
-            last = {sched.stages[graph.tasks[t].stage].model_stage: t  # later ones overwrite: the last
-                    for unit in self.units for t in unit if graph.tasks[t].op in (W, BW)}
-            self.last_weight = {t: k for k, t in last.items()}
+            self.last_weight = {t: k for k, t in last_weight_tasks(graph, rank).items()}
         self.inputs = [x.to(device) for x in model.inputs]
         self.targets = [y.to(device) for y in model.targets]
         self.local: dict[int, Any] = {}

@@ -34,11 +34,11 @@ def print_costs(costs: CostModel) -> None:
         bw = "unlimited" if math.isinf(dp.bandwidth) else f"{dp.bandwidth / 1e9:.3g} GB/s"
         calibrated = costs.meta.get("data_parallel_calibrated", {})
         slow = calibrated.get("replica_slowdown", {})
-        use = (" (not used: op times from runs of every replica)" if calibrated.get("runs") else
-               " (the replicas are simulated sharing the cores, below)" if costs.host is not None and costs.host.pinned
+        use = (" (the replicas are simulated sharing the cores, below)" if costs.host is not None and costs.host.pinned
                else " (op times scaled by it)")
-        factors = (f"; free-running with every replica computing, ops ran x {', '.join(f'{v:.2f}' for v in slow.values())}"
-                   f" per stage{use}") if slow else ""
+        factors = (f"; op times from runs of every replica ({', '.join(calibrated['runs'])})" if calibrated.get("runs")
+                   else f"; free-running with every replica computing, ops ran x "
+                        f"{', '.join(f'{v:.2f}' for v in slow.values())} per stage{use}" if slow else "")
         print(f"data parallel: {dp.degree} replicas, all-reduce latency {fmt_seconds(dp.latency)} per ring step, "
               f"bandwidth {bw}; optimizer "
               f"{', '.join(fmt_seconds(s.optimizer_time) for s in costs.model_stages or costs.stages)}{factors}")

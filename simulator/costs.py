@@ -99,14 +99,20 @@ class StageCost:
             if not math.isfinite(value) or value < 0:
                 raise CostError(f"{where}.{f.name} must be finite and >= 0, got {value!r}")
 
-    def scaled(self, k: float) -> "StageCost":
-        """This stage's costs for a k-fraction of it (compute and memory scale, boundary sizes do not)."""
+    def slower(self, k: float) -> "StageCost":
+        """This stage with its op times (F, B, W, BW, gradient accumulation) k times as
+        long; memory, bytes and the optimizer step unchanged."""
         return replace(
             self, forward=self.forward * k, backward_input=self.backward_input * k,
             backward_weight=self.backward_weight * k,
             backward_full=None if self.backward_full is None else self.backward_full * k,
-            activation_memory=self.activation_memory * k, weight_memory=self.weight_memory * k,
-            param_bytes=self.param_bytes * k, grad_accumulate=self.grad_accumulate * k,
+            grad_accumulate=self.grad_accumulate * k)
+
+    def scaled(self, k: float) -> "StageCost":
+        """This stage's costs for a k-fraction of it (compute and memory scale, boundary sizes do not)."""
+        return replace(
+            self.slower(k), activation_memory=self.activation_memory * k, weight_memory=self.weight_memory * k,
+            param_bytes=self.param_bytes * k,
             weight_grad_bytes=None if self.weight_grad_bytes is None else self.weight_grad_bytes * k,
             optimizer_time=self.optimizer_time * k,
             recompute_memory=None if self.recompute_memory is None else self.recompute_memory * k)

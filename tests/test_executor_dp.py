@@ -38,6 +38,8 @@ def run_cases(ctx, cases: list) -> dict | None:
     # data parallelism's calibration in the same launch: op times from runs of every replica
     out["profile"] = measure_here(ctx, build("1f1b", 2, 4), MLP64, 2, CalibrationOptions(repeats=2, warmup=1,
                                                                                          from_runs=True))
+    out["profile_solo"] = measure_here(ctx, build("1f1b", 2, 4), MLP64, 2, CalibrationOptions(repeats=2, warmup=1,
+                                                                                              from_runs=False))
     return out if ctx.rank == 0 else None
 
 
@@ -87,9 +89,24 @@ def test_calibration_reads_op_times_and_the_allreduce_from_runs_of_every_replica
     assert [s.name for s, _ in profile.runs] == ["1f1b", "zb-h1"]
     assert all(t.ranks == 2 and (t.lane == ALLREDUCE).any() for _, t in profile.runs)  # replica 0's, with its tail
     assert profile.degree == 2 and profile.bandwidth > 0 and set(profile.optimizer_time) == {0, 1}
+    assert profile.replica_slowdown == {}  # free-running is only for solo op times
     solo = CostModel(model_stages=(StageCost(1.0, 1.0, 1.0),) * 2)
     step = with_data_parallel(solo, profile, 2)
     measured = [s.end - s.start for _, t in profile.runs for s in t.spans(lane=COMPUTE) if s.op == "F"]
     assert min(measured) <= step.model_stages[0].forward <= max(measured)  # a median of the runs', not 1 s
     assert step.host is None and step.data_parallel.degree == 2
     assert step.meta["data_parallel_calibrated"]["runs"] == ["1f1b", "zb-h1"]
+
+
+def test_with_solo_op_times_the_replicas_share_the_cores_or_scale_the_ops(results):
+    profile = results["profile_solo"]
+    assert profile.runs == [] and set(profile.replica_slowdown) == {0, 1}
+    assert all(f > 0 for f in profile.replica_slowdown.values())
+    solo = CostModel(model_stages=(StageCost(1.0, 1.0, 1.0),) * 2)
+    step = with_data_parallel(solo, profile, 2)
+    if profile.cores < 4:  # 4 ranks outnumber the cores: pinned sharing, op times as profiled
+        assert step.host.pinned and step.host.capacity == profile.cores
+        assert step.model_stages[0].forward == 1.0
+    else:  # a core each: op times x the other replicas' interference
+        assert step.host is None
+        assert step.model_stages[0].forward == pytest.approx(profile.replica_slowdown[0])
