@@ -23,12 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipesched.simulator.run_costs import relative_iqr
+
 SCHEDULES = "1f1b,zb-h1,gpipe,interleaved-1f1b,zb-v,dualpipev"
-
-
-def relative_iqr(values: list[float]) -> float:
-    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
-    return (q[2] - q[0]) / q[1] if q[1] > 0 else 0.0
 
 
 def main() -> int:

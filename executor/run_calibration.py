@@ -14,10 +14,11 @@ Other splits, or an m the runs cannot be built for, keep the solo profile (the c
 model's meta says which).
 
 By default (`CalibrationOptions.from_runs` None) the runs are used where each rank has a
-CPU core of its own: measured on seeded random models (benchmarks/accuracy_random.py),
-op times from runs predicted better there (median error 8.9 % against 16.1 % for solo
-profiles at p = 2 on 2 cores), and worse where ranks share cores (10.5 % against 7.9 % at
-p = 4), where the solo profile's model of sharing applies. GPUs keep the solo profile.
+CPU core of its own: on seeded random models (benchmarks/accuracy_random.py, numbers in
+docs/accuracy.md) op times from runs predicted better there, and worse where ranks share
+cores, where the solo profile's model of sharing applies. GPUs keep the solo profile.
+With data parallelism (`executor.dp_calibrate`) the same runs are made with every replica
+running.
 """
 from __future__ import annotations
 

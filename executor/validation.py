@@ -134,7 +134,8 @@ class Validation:
                                      "finish_rel_error": r.finish_rel_error, "bubble_error": r.bubble_error}
                                     for r in rc.per_rank]},
             "per_rank": [{"rank": r.rank, "predicted_finish": r.predicted_finish,
-                          "measured_finish": r.measured_finish, "finish_rel_error": r.finish_rel_error, "predicted_bubble": r.predicted_bubble, "measured_bubble": r.measured_bubble,
+                          "measured_finish": r.measured_finish, "finish_rel_error": r.finish_rel_error,
+                          "predicted_bubble": r.predicted_bubble, "measured_bubble": r.measured_bubble,
                           "bubble_error": r.bubble_error, "predicted_peak_memory": r.predicted_peak_memory,
                           "measured_peak_memory": r.measured_peak_memory,
                           "peak_memory_rel_error": r.peak_memory_rel_error,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from pipesched.simulator.costs import CostError, CostModel, DataParallel
+from pipesched.simulator.costs import CostError, CostModel
 
 from .errors import UsageError
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from pipesched.schedules.ir import OPS
 from pipesched.schedules.outputs import write_text
 
 from .trace import ALLREDUCE, COMPUTE, RECV, SEND, SPAN_OPS, Trace

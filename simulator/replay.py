@@ -58,14 +58,18 @@ def _lookup(measured: Trace, spans: np.ndarray, op: np.ndarray, mb: np.ndarray, 
         return ((o.astype(np.int64) * microbatches + m) * stages + s) * ranks + r
 
     rank_of = measured.rank if span_rank is None else span_rank
-    have = key(measured.op[spans], measured.mb[spans], measured.stage[spans], rank_of[spans])
-    order = np.argsort(have, kind="stable")
-    want = key(op, mb, stage, rank)
-    where = np.minimum(np.searchsorted(have[order], want), max(len(order) - 1, 0))
-    if not len(order):
+    at = _find(key(measured.op[spans], measured.mb[spans], measured.stage[spans], rank_of[spans]),
+               key(op, mb, stage, rank))
+    return np.where(at >= 0, spans[at], -1)
+
+
+def _find(have: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """For each key in `want`, the index of the first equal key in `have`, or -1."""
+    if not len(have):
         return np.full(len(want), -1)
-    hit = have[order[where]] == want
-    return np.where(hit, spans[order[where]], -1)
+    order = np.argsort(have, kind="stable")
+    where = order[np.minimum(np.searchsorted(have[order], want), len(order) - 1)]
+    return np.where(have[where] == want, where, -1)
 
 
 def task_spans(graph: TaskGraph, measured: Trace) -> np.ndarray:
@@ -125,10 +129,9 @@ def receive_waits(graph: TaskGraph, measured: Trace) -> tuple[np.ndarray, np.nda
                + rows[:, 0] * ranks + rows[:, 4]).astype(np.int64)
     want = ((col["op"][src].astype(np.int64) * mbs + col["mb"][src]) * n_stages + col["stage"][src]) * ranks * ranks \
         + pair
-    order = np.argsort(row_key, kind="stable")
-    at = np.minimum(np.searchsorted(row_key[order], want), len(order) - 1)
-    found = (row_key[order[at]] == want) & (recv >= 0)
-    taken = np.where(found, rows[order[at], 5], np.nan)
+    at = _find(row_key, want)
+    found = (at >= 0) & (recv >= 0)
+    taken = np.where(found, rows[at, 5], np.nan)
     waited = found & (measured.end[recv] - taken > WAIT_MARGIN)
     return np.where(found, recv, -1), taken, waited
 

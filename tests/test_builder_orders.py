@@ -11,8 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 from pipesched.schedules.greedy import PREFERENCES, Rule, play
 from pipesched.schedules.ir import Schedule, ScheduleError, looped_stages, uniform_paths, v_stages
 from pipesched.schedules.registry import build

@@ -4,7 +4,6 @@ import pytest
 
 from pipesched.schedules.activations import activations_per_rank, peak_activations
 from pipesched.schedules.bounded import Play, play_bounded
-from pipesched.schedules.greedy import unit_times
 from pipesched.schedules.ir import B, BW, F, ScheduleError, uniform_paths, v_stages
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate

@@ -14,7 +14,6 @@ recompute_memory):
 """
 import json
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,7 +28,7 @@ from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
 from pipesched.simulator import costs as cost_files
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostError, StageCost, uniform
+from pipesched.simulator.costs import CostError, uniform
 from pipesched.simulator.perfetto import to_chrome_trace
 from pipesched.simulator.trace import COMPUTE, Trace
 
