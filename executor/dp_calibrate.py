@@ -18,11 +18,12 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
    DP link of `simulator.costs.DataParallel`: latency a / (2(d-1)) per ring step and
    bandwidth 2(d-1)/d / b;
 4. where op times come from runs (`run_calibration.uses_runs` for one pipeline's ranks),
-   a few steps of the calibration runs with every replica running: their op times
-   replace the pipeline's (the sharing is in them; scaling solo op times by the
-   free-running factor made a p = 2, d = 2 step's ops 1.5-2x too long, since in a step a
-   rank often computes while its core's other rank waits), and their all-reduce spans
-   slow the link (a rank's all-reduce also waits for the other replicas).
+   steps of the calibration runs with every replica running (with `validate`, in turn
+   with the validated run's steps): their op times and host time outside ops replace
+   the pipeline's (the sharing is in them; scaling solo op times by the free-running
+   factor made a p = 2, d = 2 step's ops 1.5-2x too long, since in a step a rank often
+   computes while its core's other rank waits), and their all-reduce spans slow the
+   link (a rank's all-reduce also waits for the other replicas).
 
 `with_data_parallel` folds these into the pipeline's calibrated cost model.
 """
@@ -45,6 +46,7 @@ from pipesched.simulator.trace import ALLREDUCE
 from .calibrate import CalibrationOptions, _free_running
 from .clock import now
 from .data_parallel import Layout, allreduce_bucket, dp_groups, sgd_step, trainable
+from .job import RunOptions, run_schedule
 from .launch import RankContext, host_cores
 from .links import fit_link
 from .models import ExampleModel, PipelineModel, check_model
@@ -70,18 +72,22 @@ class DataParallelProfile:
     cores: int = 1        # the host's cores the launch shared (`launch.host_cores`)
     threads: int = 1      # intra-op threads per rank in the launch
     one_host: bool = True
-    runs: list = field(default_factory=list)  # (Schedule, replica 0's Trace) of the calibration runs x d replicas
+    runs: list = field(default_factory=list)  # (Schedule, replica 0's Trace) per measured step of the calibration runs
 
     def to_meta(self) -> dict:
         return {"degree": self.degree, "replica_slowdown": {str(k): v for k, v in self.replica_slowdown.items()},
                 "allreduce_sizes": self.sizes, "allreduce_seconds": self.allreduce, "cores": self.cores,
                 "threads_per_rank": self.threads, "one_host": self.one_host,
-                "runs": [schedule.name for schedule, _ in self.runs]}
+                "runs": sorted({schedule.name for schedule, _ in self.runs}), "run_steps": len(self.runs)}
 
 
 def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel, replicas: int,
-                 options: CalibrationOptions = CalibrationOptions()) -> DataParallelProfile | None:
-    """Collective over p x `replicas` ranks; rank 0 returns the profile (None elsewhere)."""
+                 options: CalibrationOptions = CalibrationOptions(), beside: RunOptions | None = None):
+    """Collective over p x `replicas` ranks; rank 0 returns the profile (None elsewhere).
+    With `beside` (a run of `schedule` with `replicas` replicas) `schedule` also runs,
+    its steps in turn with the calibration runs' where op times come from runs
+    (`run_calibration.run_traces`), after them otherwise; rank 0 then returns (profile,
+    RunResult), the other ranks (None, None)."""
     p = schedule.ranks
     layout = Layout(ctx.rank, p, replicas)
     m = schedule.microbatches * replicas
@@ -143,16 +149,19 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
 
     # 4. op times with every replica running: the calibration runs (1F1B and ZB-H1 for one
     # model stage per rank), d replicas of each
-    runs = run_traces(ctx, schedule, model, options, replicas) if from_runs else []
+    runs, result = run_traces(ctx, schedule, model, options, replicas, beside) if from_runs else ([], None)
+    if beside is not None and not from_runs:
+        result = run_schedule(ctx, schedule, model, beside)
 
     mine = (layout.pipeline_rank, slowdown, optimizer, grad_bytes, medians, socket.gethostname())
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if ctx.rank != 0:
-        return None
+        return None if beside is None else (None, None)
     profile = _assemble(schedule, replicas, sizes, gathered)
-    return replace(profile, cores=host_cores(), threads=torch.get_num_threads(),
-                   one_host=len({r[5] for r in gathered}) == 1, runs=runs)
+    profile = replace(profile, cores=host_cores(), threads=torch.get_num_threads(),
+                      one_host=len({r[5] for r in gathered}) == 1, runs=runs)
+    return profile if beside is None else (profile, result)
 
 
 def _assemble(schedule: Schedule, replicas: int, sizes: list[int], reports: list) -> DataParallelProfile:
@@ -237,7 +246,7 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
     host = None
     link = DataParallel(profile.degree, profile.latency, profile.bandwidth, bucket_bytes)
     if profile.runs:
-        costs = costs_from_runs(costs, profile.runs)
+        costs = costs_from_runs(costs, profile.runs, host_time=True)
         slower = allreduce_in_runs(profile, link)
         link = replace(link, latency=link.latency * slower, bandwidth=link.bandwidth / slower)
     else:

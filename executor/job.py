@@ -70,6 +70,7 @@ class RunResult:
     backend: str
     check: reference.Check | None
     per_rank: list[dict] = field(default_factory=list)
+    step_traces: list[Trace] = field(default_factory=list)  # every measured step's, in order
 
     @property
     def step_time_median(self) -> float:
@@ -128,50 +129,105 @@ def launch(schedule: Schedule, model: PipelineModel | ExampleModel, options: Run
     return start(schedule, model, options, backend)
 
 
+class OpenRun:
+    """One schedule opened on this rank: its runtime built once, then stepped, so that
+    several schedules can take steps in turn (`run_in_turn`). Opening and `finish` are
+    collective: every rank opens and finishes the same runs in the same order."""
+
+    def __init__(self, ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
+                 options: RunOptions = RunOptions()):
+        self.graph = graph = validate(schedule)
+        d = options.dp
+        if schedule.ranks * d != ctx.world:
+            raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks x {d} replicas, "
+                             f"the process group {ctx.world}")
+        m = schedule.microbatches * d
+        self.ctx, self.schedule, self.model, self.options = ctx, schedule, model, options
+        self.built = built = model.build(schedule.num_model_stages, m) if isinstance(model, ExampleModel) else model
+        self.specs = check_model(built, schedule.num_model_stages, m)
+        layout = Layout(ctx.rank, schedule.ranks, d)
+        mine = replica_model(built, layout.replica, d) if d > 1 else built
+        self.offset = clock_offset(ctx.rank, ctx.world, options.clock_ping,
+                                   ctx.device if ctx.backend == "nccl" else None)
+        self.runtime = RankRuntime(graph, layout.pipeline_rank, mine, self.specs, ctx.backend, ctx.device,
+                                   options.timeout, options.lookahead, layout, options.bucket_bytes, options.lr)
+        self.records: list[RankStep] = []
+        self.wanted = options.warmup + options.steps  # steps in all; `min_time` may raise it
+        self.grads: dict[int, list] | None = None     # after the last step, when checking
+
+    @property
+    def done(self) -> bool:
+        return len(self.records) >= self.wanted
+
+    def step(self) -> None:
+        """Collective: one step (warm-up or measured); after the first measured one, the
+        steps `options.min_time` asks for are agreed."""
+        dist.barrier()
+        self.records.append(self.runtime.step())
+        name, options = self.schedule.name, self.options
+        progress.say(self.ctx.rank, f"{name}: step {len(self.records)}/{self.wanted} took "
+                                    f"{self.records[-1].end - self.records[-1].start:.3g} s", step=True)
+        if options.min_time > 0 and len(self.records) == options.warmup + 1:  # warm-up steps run slower
+            self.wanted = options.warmup + _steps_for_min_time(self.ctx, name, self.records[-1], options)
+        if options.check and self.done:  # now: another run's steps may share these parameters
+            # every holder's copy, so that rank 0 can also check the replicas agree; a step
+            # replaces .grad rather than zeroing it, so these survive later steps
+            self.grads = {k: [None if p.grad is None else p.grad.detach().cpu() for p in sm.module.parameters()
+                              if p.requires_grad] for k, sm in self.runtime.modules.items()}
+
+    def close(self) -> None:
+        self.runtime.close()
+
+    def finish(self) -> RunResult | None:
+        """Collective: gather the measured steps (after the warm-up) to rank 0, which gets
+        the RunResult (None elsewhere). Call after `close`."""
+        ctx, options, runtime = self.ctx, self.options, self.runtime
+        records = self.records[options.warmup:]
+        report = RankReport(self.offset, [(r.start - self.offset, r.end - self.offset) for r in records], records,
+                            statistics.median(_overhead_per_op(r) for r in records),
+                            sum(p.numel() * p.element_size() for sm in runtime.modules.values() for p in sm.params))
+        report.grads = self.grads
+        if ctx.device.type == "cuda":
+            report.cuda_max_memory_allocated = torch.cuda.max_memory_allocated(ctx.device)
+        gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
+        dist.gather_object(report, gathered, dst=0)
+        if ctx.rank != 0:
+            return None
+        model = self.model
+        description = repr(model) if isinstance(model, ExampleModel) else _describe_model(self.built)
+        return _result(self.graph, self.built, self.specs, ctx, options, gathered, description)
+
+
 def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
                  options: RunOptions = RunOptions()) -> RunResult | None:
     """Run `options.warmup + options.steps` steps of `schedule` on this rank."""
-    graph = validate(schedule)
-    d = options.dp
-    if schedule.ranks * d != ctx.world:
-        raise ValueError(f"schedule {schedule.name!r} has {schedule.ranks} ranks x {d} replicas, "
-                         f"the process group {ctx.world}")
-    m = schedule.microbatches * d
-    built = model.build(schedule.num_model_stages, m) if isinstance(model, ExampleModel) else model
-    specs = check_model(built, schedule.num_model_stages, m)
-    layout = Layout(ctx.rank, schedule.ranks, d)
-    mine = replica_model(built, layout.replica, d) if d > 1 else built
-    offset = clock_offset(ctx.rank, ctx.world, options.clock_ping, ctx.device if ctx.backend == "nccl" else None)
-    runtime = RankRuntime(graph, layout.pipeline_rank, mine, specs, ctx.backend, ctx.device, options.timeout,
-                          options.lookahead, layout, options.bucket_bytes, options.lr)
+    return run_in_turn(ctx, [(schedule, options)], model)[0]
+
+
+def run_in_turn(ctx: RankContext, runs: list[tuple[Schedule, RunOptions]], model: PipelineModel | ExampleModel
+                ) -> list[RunResult | None]:
+    """Collective: several schedules on the same model, each with its own options; their
+    warm-ups first, then one measured step of each in turn until each has its steps, so
+    that a host whose speed drifts (shared machines) slows all of them alike. Rank 0 gets
+    a RunResult per run; each run's gradients checked are those of its own last step
+    (the runs share a PipelineModel's parameters)."""
+    opened: list[OpenRun] = []
     try:
-        records: list[RankStep] = []
-        total = options.warmup + options.steps
-        progress.say(ctx.rank, f"running {schedule.name}: {options.warmup} warm-up and {options.steps} measured steps")
-        while len(records) < total:
-            dist.barrier()
-            records.append(runtime.step())
-            progress.say(ctx.rank, f"{schedule.name}: step {len(records)}/{total} took "
-                                   f"{records[-1].end - records[-1].start:.3g} s", step=True)
-            if options.min_time > 0 and len(records) == options.warmup + 1:  # warm-up steps run slower
-                total = options.warmup + _steps_for_min_time(ctx, schedule.name, records[-1], options)
-        records = records[options.warmup:]
+        for schedule, options in runs:
+            opened.append(OpenRun(ctx, schedule, model, options))
+        for run in opened:
+            progress.say(ctx.rank, f"running {run.schedule.name}: {run.options.warmup} warm-up and "
+                                   f"{run.options.steps} measured steps")
+            while len(run.records) < run.options.warmup:
+                run.step()
+        while not all(run.done for run in opened):
+            for run in opened:
+                if not run.done:
+                    run.step()
     finally:
-        runtime.close()
-    report = RankReport(offset, [(r.start - offset, r.end - offset) for r in records], records,
-                        statistics.median(_overhead_per_op(r) for r in records),
-                        sum(p.numel() * p.element_size() for sm in runtime.modules.values() for p in sm.params))
-    if options.check:  # every holder's copy, so that rank 0 can also check the replicas agree
-        report.grads = {k: [None if p.grad is None else p.grad.detach().cpu() for p in sm.module.parameters()
-                            if p.requires_grad] for k, sm in runtime.modules.items()}
-    if ctx.device.type == "cuda":
-        report.cuda_max_memory_allocated = torch.cuda.max_memory_allocated(ctx.device)
-    gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
-    dist.gather_object(report, gathered, dst=0)
-    if ctx.rank != 0:
-        return None
-    description = repr(model) if isinstance(model, ExampleModel) else _describe_model(built)
-    return _result(graph, built, specs, ctx, options, gathered, description)
+        for run in opened:
+            run.close()
+    return [run.finish() for run in opened]
 
 
 def _steps_for_min_time(ctx: RankContext, name: str, last: RankStep, options: RunOptions) -> int:
@@ -214,18 +270,21 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
     makespans = [compute_metrics(t).makespan for t in traces]
     median = sorted(range(steps), key=makespans.__getitem__)[(steps - 1) // 2]  # the lower median: a real step
     trace = traces[median]
-    trace.meta.update({
-        "step": median, "makespans": makespans,
+    shared = {
+        "makespans": makespans,
         "backend": ctx.backend, "model_stages": sched.num_model_stages, "model": description,
         "step_times": step_times, "clock_offsets": [r.offset for r in reports],
         "activation_bytes": [s.nbytes for s in specs], "memory_counted": MEMORY_COUNTED,
         "param_bytes": [r.param_bytes for r in reports],
         "overhead_per_op": [r.overhead_per_op for r in reports],
-    })
+        "recv_lookahead": 0 if ctx.backend == "nccl" else options.lookahead,  # as the runtime posted receives
+    }
     if options.dp > 1:
-        trace.meta["data_parallel"] = {"degree": options.dp, "bucket_bytes": options.bucket_bytes, "lr": options.lr}
+        shared["data_parallel"] = {"degree": options.dp, "bucket_bytes": options.bucket_bytes, "lr": options.lr}
     if ctx.device.type == "cuda":
-        trace.meta["cuda_max_memory_allocated"] = [r.cuda_max_memory_allocated for r in reports]
+        shared["cuda_max_memory_allocated"] = [r.cuda_max_memory_allocated for r in reports]
+    for i, t in enumerate(traces):  # "started": seconds on rank 0's clock, to order steps of runs in turn
+        t.meta.update(shared, step=i, started=min(r.bounds[i][0] for r in everyone))
     metrics = compute_metrics(trace, graph)
     check = None
     if options.check:
@@ -245,7 +304,7 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
                  "peak_memory_bytes": rm.peak_memory_bytes, "ops": len(rep.steps[median].compute),
                  "overhead_per_op": rep.overhead_per_op, "wait_time": rep.steps[median].host_wait_time}
                 for r, (rm, rep) in enumerate(zip(metrics.per_rank, reports))]
-    return RunResult(trace, metrics, step_times, ctx.backend, check, per_rank)
+    return RunResult(trace, metrics, step_times, ctx.backend, check, per_rank, traces)
 
 
 def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Trace:

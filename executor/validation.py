@@ -2,7 +2,9 @@
 
 One launch: the ranks first calibrate (`executor.calibrate`: each rank profiles its
 model stages alone, then the links are ping-ponged), then run the schedule's steps
-(`executor.job`). The parent simulates the schedule under the calibrated costs and
+(`executor.job`); where op times come from calibration runs
+(`executor.run_calibration`), the schedule's steps alternate with theirs, so that a
+host whose speed drifts slows both alike. The parent simulates the schedule under the calibrated costs and
 compares the simulation with the measured step of median makespan
 (`simulator.compare`).
 
@@ -29,9 +31,10 @@ from pipesched.simulator.replay import replay
 from pipesched.simulator.run_costs import relative_iqr
 from pipesched.simulator.trace import Trace
 
-from .calibrate import CalibrationOptions, oversubscribed
+from .calibrate import CalibrationOptions, calibrate_here, oversubscribed
 from .dp_calibrate import measure_here, with_data_parallel
 from .job import RunOptions, RunResult, run_schedule
+from .run_calibration import calibrate_then_run
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
 
@@ -172,18 +175,22 @@ def predict(schedule: Schedule, costs: CostModel) -> Trace:
 
 def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
                       calibration: CalibrationOptions, options: RunOptions):
-    """Collective: calibrate, then run; rank 0 returns (costs, RunResult)."""
-    costs = calibration.job()(ctx, schedule, model, calibration)
-    result = run_schedule(ctx, schedule, model, options)
+    """Collective: calibrate, then run (with op times from runs, the run's steps in turn
+    with the calibration runs'); rank 0 returns (costs, RunResult)."""
+    if calibration.from_runs is False:
+        costs = calibrate_here(ctx, schedule, model, calibration)
+        result = run_schedule(ctx, schedule, model, options)
+    else:
+        costs, result = calibrate_then_run(ctx, schedule, model, calibration, options)
     return None if ctx.rank != 0 else (costs, result)
 
 
 def measure_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
                     calibration: CalibrationOptions, options: RunOptions):
-    """Collective over p x d ranks: measure data parallelism's costs, then run; rank 0
-    returns (DataParallelProfile, RunResult)."""
-    profile = measure_here(ctx, schedule, model, options.dp, calibration)
-    result = run_schedule(ctx, schedule, model, options)
+    """Collective over p x d ranks: measure data parallelism's costs and run (in turn with
+    the calibration runs where op times come from runs); rank 0 returns
+    (DataParallelProfile, RunResult)."""
+    profile, result = measure_here(ctx, schedule, model, options.dp, calibration, beside=options)
     return None if ctx.rank != 0 else (profile, result)
 
 

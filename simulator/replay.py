@@ -157,17 +157,15 @@ def measured_edge_times(graph: TaskGraph, measured: Trace, timing: Timing) -> np
     return out
 
 
-def fit_host_time(graph: TaskGraph, measured: Trace, costs: CostModel) -> CostModel:
-    """`costs` with the host time outside ops read from the run `measured` (receives
-    posted `costs.recv_lookahead` units ahead, as the run posted them). On each rank, the
-    gap between two units whose second waited for no data is host time: bookkeeping after
-    the first, posting its sends, posting the receives due before the second, taking the
-    second's inputs. A least-squares fit of those gaps to `per_op + sends * per_send +
-    posted * per_recv + taken * per_take` (no term below 0) gives the four; `send_start`
-    keeps its calibrated share of `per_send`. `costs` unchanged without receive takes."""
+def host_time_gaps(graph: TaskGraph, measured: Trace, lookahead: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The run's gaps that are host time alone, for `fit_host_time`: on each rank, the gap
+    (seconds) between two units whose second waited for no data, and per gap what it
+    did: (1, sends posted after the first unit, receives posted before the second,
+    inputs the second took). None without the run's receive takes. Receives posted
+    `lookahead` units ahead, as the run posted them."""
     waits = receive_waits(graph, measured)
     if waits is None:
-        return costs
+        return None
     col = graph.columns()
     n_units = len(graph.units)
     remote = col["edge_kind"] != LOCAL
@@ -175,7 +173,7 @@ def fit_host_time(graph: TaskGraph, measured: Trace, costs: CostModel) -> CostMo
     sends = np.bincount(col["unit"][col["edge_src"][remote]], minlength=n_units)
     taken = np.bincount(unit_of_dst[remote], minlength=n_units)
     rank_first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
-    posts = receive_posts(graph, costs.recv_lookahead)
+    posts = receive_posts(graph, lookahead)
     posted = np.bincount(rank_first[col["rank"][col["edge_dst"][remote]]] + posts[remote], minlength=n_units)
     waited = np.bincount(unit_of_dst[waits[2]], minlength=n_units) > 0
     spans = task_spans(graph, measured)
@@ -188,13 +186,28 @@ def fit_host_time(graph: TaskGraph, measured: Trace, costs: CostModel) -> CostMo
     keep[1:] &= rank_of_unit[1:] == rank_of_unit[:-1]
     u = unit[keep]
     gaps = measured.start[spans[first_task[u]]] - measured.end[spans[last_task[u - 1]]]
+    return np.column_stack((np.ones(len(u)), sends[u - 1], posted[u], taken[u])).astype(float), gaps
+
+
+def fit_host_time(graph: TaskGraph, measured: Trace, costs: CostModel) -> CostModel:
+    """`costs` with the host time outside ops read from the run `measured` (receives
+    posted `costs.recv_lookahead` units ahead, as the run posted them): `fit_host_gaps`
+    of its `host_time_gaps`. `costs` unchanged without receive takes."""
+    found = host_time_gaps(graph, measured, costs.recv_lookahead)
+    return costs if found is None else fit_host_gaps(costs, *found)
+
+
+def fit_host_gaps(costs: CostModel, rows: np.ndarray, gaps: np.ndarray) -> CostModel:
+    """`costs` with the four host costs fitted to `gaps` (`host_time_gaps`, of one run or
+    several stacked): least squares of `per_op + sends * per_send + posted * per_recv +
+    taken * per_take` (no term below 0); `send_start` keeps its calibrated share of
+    `per_send`. `costs` unchanged with fewer than 8 gaps."""
     if len(gaps) < 8:
         return costs
-    a = np.column_stack((np.ones(len(u)), sends[u - 1], posted[u], taken[u])).astype(float)
     use = np.ones(4, dtype=bool)
     for _ in range(4):  # drop a term that fits below 0 and fit the rest again
         coef = np.zeros(4)
-        coef[use] = np.linalg.lstsq(a[:, use], gaps, rcond=None)[0]
+        coef[use] = np.linalg.lstsq(rows[:, use], gaps, rcond=None)[0]
         if (coef >= 0).all():
             break
         use &= coef > 0

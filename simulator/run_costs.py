@@ -9,9 +9,10 @@ becomes the cost model's op time, and the simulation no longer slows compute for
 cores (the durations already are slowed).
 
 An op kind no run executed is scaled from the solo profile: T_BW from T_B + T_W in the
-ratio the profile measured, T_B and T_W from T_BW likewise. Links, host time outside
-ops and memory stay as calibrated (`simulator.replay.fit_host_time` reads host time from
-a run).
+ratio the profile measured, T_B and T_W from T_BW likewise. Links and memory stay as
+calibrated; host time outside ops too, unless asked to be fitted to the runs' gaps
+between ops (`simulator.replay.fit_host_gaps`): where more processes than cores share a
+host, posting a send took 1.5-2 ms in runs against 0.3 ms calibrated alone.
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ import numpy as np
 
 from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
 
+from pipesched.schedules.validate import validate
+
 from .costs import CostError, CostModel, StageCost
+from .replay import fit_host_gaps, host_time_gaps
 from .trace import COMPUTE, Trace
 
 
@@ -44,10 +48,13 @@ def relative_iqr(values) -> float:
     return float(q3 - q1) / float(median)
 
 
-def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:
+def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], host_time: bool = False
+                    ) -> CostModel:
     """`base` (a calibration with `model_stages`) with each model stage's op times the
-    median of what `runs` measured (see the module docstring). Every run must split the
-    model into as many model stages as `base`. The spread of the samples, the largest
+    median of what `runs` measured (see the module docstring) and, with `host_time`, the
+    host time outside ops fitted to every run's gaps (`replay.fit_host_gaps`; receives
+    posted as each trace's meta["recv_lookahead"] says). Every run must split the model
+    into as many model stages as `base`. The spread of the samples, the largest
     interquartile range over median of any op kind and stage, is kept in
     `meta["from_runs"]["spread"]`."""
     if base.model_stages is None:
@@ -65,9 +72,19 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> 
     spread = max((relative_iqr(v) for key, v in pooled.items() if len(v) and median[key] > 0), default=0.0)
     new = tuple(_measured_stage(solo, {op: median.get((op, k)) for op in OPS}, k)
                 for k, solo in enumerate(base.model_stages))
-    meta = {**base.meta, "from_runs": {"schedules": [s.name for s, _ in runs], "spread": spread,
-                                       "samples": int(sum(len(v) for v in pooled.values()))}}
-    return replace(base, stages=new[:1], model_stages=new, host=None, meta=meta).check()
+    meta = {**base.meta, "from_runs": {"schedules": list(dict.fromkeys(s.name for s, _ in runs)), "steps": len(runs),
+                                       "spread": spread, "samples": int(sum(len(v) for v in pooled.values()))}}
+    out = replace(base, stages=new[:1], model_stages=new, host=None, meta=meta).check()
+    return _host_time_from(out, runs) if host_time else out
+
+
+def _host_time_from(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:
+    found = [host_time_gaps(validate(schedule), trace, trace.meta.get("recv_lookahead", costs.recv_lookahead))
+             for schedule, trace in runs]
+    found = [f for f in found if f is not None]
+    if not found:
+        return costs
+    return fit_host_gaps(costs, np.concatenate([rows for rows, _ in found]), np.concatenate([g for _, g in found]))
 
 
 def _measured_stage(solo: StageCost, measured: dict[str, float | None], k: int) -> StageCost:

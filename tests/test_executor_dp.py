@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 from pipesched.executor.calibrate import CalibrationOptions  # noqa: E402
 from pipesched.executor.dp_calibrate import measure_here, with_data_parallel  # noqa: E402
+from pipesched.executor.run_calibration import RUN_STEPS  # noqa: E402
 from pipesched.executor.job import RunOptions, run_schedule  # noqa: E402
 from pipesched.executor.launch import launch_local  # noqa: E402
 from pipesched.executor.models import ExampleModel  # noqa: E402
@@ -40,6 +41,10 @@ def run_cases(ctx, cases: list) -> dict | None:
                                                                                          from_runs=True))
     out["profile_solo"] = measure_here(ctx, build("1f1b", 2, 4), MLP64, 2, CalibrationOptions(repeats=2, warmup=1,
                                                                                               from_runs=False))
+    # as validate --dp runs it: the validated schedule's steps in turn with the calibration runs'
+    out["beside"] = measure_here(ctx, build("gpipe", 2, 4), MLP64, 2, CalibrationOptions(repeats=2, warmup=1,
+                                                                                          from_runs=True),
+                                 beside=RunOptions(steps=3, warmup=1, dp=2))
     return out if ctx.rank == 0 else None
 
 
@@ -86,7 +91,7 @@ def test_measured_trace_shows_allreduces_after_the_last_weight_op_and_optimizer_
 
 def test_calibration_reads_op_times_and_the_allreduce_from_runs_of_every_replica(results):
     profile = results["profile"]
-    assert [s.name for s, _ in profile.runs] == ["1f1b", "zb-h1"]
+    assert [s.name for s, _ in profile.runs] == ["1f1b"] * RUN_STEPS + ["zb-h1"] * RUN_STEPS  # every step
     assert all(t.ranks == 2 and (t.lane == ALLREDUCE).any() for _, t in profile.runs)  # replica 0's, with its tail
     assert profile.degree == 2 and profile.bandwidth > 0 and set(profile.optimizer_time) == {0, 1}
     assert profile.replica_slowdown == {}  # free-running is only for solo op times
@@ -96,6 +101,16 @@ def test_calibration_reads_op_times_and_the_allreduce_from_runs_of_every_replica
     assert min(measured) <= step.model_stages[0].forward <= max(measured)  # a median of the runs', not 1 s
     assert step.host is None and step.data_parallel.degree == 2
     assert step.meta["data_parallel_calibrated"]["runs"] == ["1f1b", "zb-h1"]
+
+
+def test_the_validated_run_takes_its_steps_in_turn_with_the_calibration_runs(results):
+    profile, run = results["beside"]
+    assert [s.name for s, _ in profile.runs] == ["1f1b"] * 3 + ["zb-h1"] * 3  # as many steps as the run
+    assert run.trace.schedule == "gpipe" and len(run.step_traces) == 3 and run.check.grads_match
+    # in turn: the k-th measured steps of the three runs follow one another, before any k+1-th
+    steps = [t for _, t in profile.runs]
+    order = [t.meta["started"] for k in range(3) for t in (steps[k], steps[3 + k], run.step_traces[k])]
+    assert order == sorted(order)
 
 
 def test_with_solo_op_times_the_replicas_share_the_cores_or_scale_the_ops(results):

@@ -16,6 +16,8 @@ from pipesched.simulator.replay import ReplayError, measured_task_times, replay
 from pipesched.simulator.trace import COMPUTE, RECV
 from pipesched.schedules.validate import validate
 
+from helpers import run_with_receive_takes
+
 COSTS = uniform(1e-3, 1.2e-3, 0.8e-3, latency=50e-6, bandwidth=1e9, activation_bytes=1e5,
                 host_overhead=HostOverhead(per_op=20e-6, per_send=30e-6, per_recv=10e-6, per_take=5e-6))
 
@@ -87,35 +89,11 @@ def test_host_time_is_read_back_from_a_run(monkeypatch):
     import pipesched.simulator.replay as replay_module
 
     monkeypatch.setattr(replay_module, "WAIT_MARGIN", 0.0)  # a simulated run's waits are exact
-    from pipesched.schedules.graph import LOCAL
-    from pipesched.simulator.exact import longest_path
     from pipesched.simulator.replay import fit_host_time
-    from pipesched.simulator.timing import resolve
 
     truth = HostOverhead(per_op=40e-6, per_send=250e-6, per_recv=120e-6, per_take=30e-6)
     costs = replace(COSTS, host_overhead=truth, recv_lookahead=2)
-    schedule = build("zb-h1", 4, 8)
-    graph = validate(schedule)
-    timing = resolve(graph, costs)
-    timeline = longest_path(graph, timing)
-    trace = simulate(graph, costs, engine="exact")
-    # what the executor records: when each consumer began to take its inputs (its rank
-    # ready: the last op's end, its bookkeeping and sends, the receives posted before
-    # it), and a receive span ending when the data was there and taken
-    col = graph.columns()
-    first = {ids[0] for ids in graph.rank_units if ids}
-    takes, recv = [], replace(trace, end=trace.end.copy())
-    for e in np.flatnonzero(col["edge_kind"] != LOCAL):
-        src, dst = col["edge_src"][e], col["edge_dst"][e]
-        u = col["unit"][dst]
-        ready = 0.0 if u in first else timeline.unit_end[u - 1] + timing.host.post[u - 1] + timing.host.pre[u]
-        key = (int(col["rank"][dst]), OPS[col["op"][src]], int(col["mb"][src]), int(col["stage"][src]),
-               int(col["rank"][src]))
-        takes.append([*key, float(ready)])
-        span = np.flatnonzero((trace.lane == RECV) & (trace.rank == key[0]) & (trace.peer == key[4])
-                              & (trace.op == col["op"][src]) & (trace.mb == key[2]) & (trace.stage == key[3]))[0]
-        recv.end[span] = max(timeline.edge_end[e], ready)
-    recv.meta["receive_takes"] = takes
+    graph, recv = run_with_receive_takes(build("zb-h1", 4, 8), costs)
     fitted = fit_host_time(graph, recv, replace(costs, host_overhead=HostOverhead())).host_overhead
     for name in ("per_op", "per_send", "per_recv", "per_take"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name

@@ -8,9 +8,11 @@ import pytest
 
 from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostError, CostModel, HostSharing, StageCost
+from pipesched.simulator.costs import CostError, CostModel, HostOverhead, HostSharing, Link, Network, StageCost
 from pipesched.simulator.run_costs import costs_from_runs, op_time_samples, relative_iqr
 from pipesched.simulator.trace import COMPUTE
+
+from helpers import run_with_receive_takes
 
 SOLO = CostModel(stages=(StageCost(1.0, 1.0, 1.0),),
                  model_stages=(StageCost(1.0, 1.0, 2.0, backward_full=2.7, activation_bytes=8.0),
@@ -32,6 +34,22 @@ def test_op_times_are_the_runs_medians_and_sharing_is_not_applied_again():
         [(1.5, 1.25, 2.5, 3.5), (2.5, 2.25, 2.75, 4.5)]
     assert got.host is None and got.model_stages[0].activation_bytes == 8.0  # the rest as calibrated
     assert got.meta["from_runs"]["schedules"] == ["1f1b", "zb-h1"] and got.meta["from_runs"]["spread"] == 0.0
+
+
+def test_host_time_is_fitted_to_every_runs_gaps_when_asked(monkeypatch):
+    import pipesched.simulator.replay as replay_module
+
+    monkeypatch.setattr(replay_module, "WAIT_MARGIN", 0.0)  # a simulated run's waits are exact
+    truth = HostOverhead(per_op=40e-6, per_send=250e-6, per_recv=120e-6, per_take=30e-6)
+    ran = replace(SOLO, host=None, host_overhead=truth, recv_lookahead=1,
+                  network=Network(Link(latency=50e-6, bandwidth=1e9)))
+    runs = [(schedule, run_with_receive_takes(schedule, ran)[1])
+            for schedule in (build("1f1b", 2, 4), build("zb-h1", 2, 4))]
+    calibrated = replace(SOLO, host_overhead=HostOverhead(per_op=1e-6))
+    got = costs_from_runs(calibrated, runs, host_time=True).host_overhead
+    for name in ("per_op", "per_send", "per_recv", "per_take"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert costs_from_runs(calibrated, runs).host_overhead == calibrated.host_overhead  # kept by default
 
 
 def test_an_op_kind_no_run_executed_is_scaled_by_the_solo_ratio():
