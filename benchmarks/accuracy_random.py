@@ -6,11 +6,15 @@ depth, sequence length) and each p, one launch of the ranks:
 
 1. calibrates once (`executor.calibrate`: solo profiles, ping-pong) on the v = 1 split;
 2. runs every schedule on the same model (v = 2 schedules get half the layers per
-   model stage, so every schedule runs the same network) at one m drawn from p..8p.
+   model stage, so every schedule runs the same network) at one m drawn from p..8p, a
+   step of each in turn (`executor.job.run_in_turn`), so that the host's drift slows
+   them alike.
 
-Then, offline, every run is predicted twice: from the solo calibration, and from costs
-read from the runs of the calibration schedules 1F1B and ZB-H1 (`simulator.run_costs`:
-op times under the run's own concurrency; marked * in the table). Printed per case:
+Then, offline, every run is predicted: from the solo calibration, and from costs read
+from every measured step of the runs of the calibration schedules 1F1B and ZB-H1
+(`simulator.run_costs`: op times under the run's own concurrency, and host time outside
+ops fitted to the runs, as `validate` calibrates; marked * in the table), and the same
+with op times only. Printed per case:
 measured makespan, both predictions' errors, the replay error (the run simulated with
 its own op and transfer times and host time fitted to it: `simulator.replay`; replay-c
 with the calibrated host time) and the spread of the measured steps' makespans (the
@@ -110,19 +114,19 @@ def measure_model(ctx, p: int, draw: Draw, calibration, options):
     """One launch: calibrate once (v = 1), then run every schedule that builds at this m.
     Rank 0 returns (costs, {name: RunResult}, {name: why skipped})."""
     from pipesched.executor.calibrate import calibrate_here
-    from pipesched.executor.job import run_schedule
+    from pipesched.executor.job import run_in_turn
 
     m = draw.m_per_p[p]
     costs = calibrate_here(ctx, build("1f1b", p, m), draw.model(1), calibration)
-    results, skipped = {}, {}
+    built, skipped = {}, {}
     for name in SCHEDULES:
         try:
-            schedule = build(name, p, m)
+            built[name] = build(name, p, m)
         except ScheduleError as exc:
             skipped[name] = str(exc)
-            continue
-        results[name] = run_schedule(ctx, schedule, draw.model(schedule.num_model_stages // p), options)
-    return (costs, results, skipped) if ctx.rank == 0 else None
+    # a step of each schedule in turn, as validate runs its calibration: drift slows all alike
+    runs = run_in_turn(ctx, [(s, draw.model(s.num_model_stages // p), options) for s in built.values()])
+    return (costs, dict(zip(built, runs)), skipped) if ctx.rank == 0 else None
 
 
 def predict(schedule, costs: CostModel) -> Trace:
@@ -132,15 +136,20 @@ def predict(schedule, costs: CostModel) -> Trace:
     return predict_run(schedule, replace(costs, recv_lookahead=LOOKAHEAD))
 
 
-def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, Trace]) -> list[dict]:
-    """Every schedule's errors under both estimators, and its replay error."""
+def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, Trace],
+             steps: dict[str, list[Trace]] | None = None) -> list[dict]:
+    """Every schedule's errors under each estimator, and its replay error. `steps`: every
+    measured step of the calibration runs, pooled as `validate` pools them (older saved
+    runs have only each run's median step)."""
     from pipesched.executor.validation import too_short
 
     m = draw.m_per_p[p]
     short = too_short(solo)
     schedules = {name: build(name, p, m) for name in traces}
-    runs = [(schedules[n], traces[n]) for n in CALIBRATION_RUNS if n in traces]
-    from_runs = costs_from_runs(solo, runs) if len(runs) == len(CALIBRATION_RUNS) else None
+    runs = [(schedules[n], t) for n in CALIBRATION_RUNS if n in traces for t in (steps or {}).get(n, [traces[n]])]
+    complete = all(n in traces for n in CALIBRATION_RUNS)
+    from_runs = costs_from_runs(solo, runs, host_time=True) if complete else None  # as validate calibrates
+    ops_only = costs_from_runs(solo, runs) if complete else None
     own_cores = solo.host is None or (not solo.host.gpu and p <= solo.host.capacity)
     auto = from_runs if own_cores else solo  # what --op-times auto (the default) picks
     rows = []
@@ -150,7 +159,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
         row = {"model": index, "p": p, "m": m, "schedule": name, "measured": measured,
                "in_calibration": name in CALIBRATION_RUNS, "short_ops": short,
                "makespan_spread": relative_iqr(trace.meta.get("makespans") or [measured])}
-        for label, costs in (("solo", solo), ("run", from_runs), ("auto", auto)):
+        for label, costs in (("solo", solo), ("run", from_runs), ("run_ops", ops_only), ("auto", auto)):
             if costs is None:
                 row[label] = row[f"{label}_error"] = float("nan")
                 continue
@@ -163,8 +172,8 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
     return rows
 
 
-ESTIMATORS = (("solo", "op times from solo profiles"), ("run", "op times from the 1F1B and ZB-H1 runs"),
-              ("auto", "the default (runs on own cores)"))
+ESTIMATORS = (("solo", "op times from solo profiles"), ("run", "op and host times from 1F1B, ZB-H1 runs"),
+              ("run_ops", "... op times only, host as profiled"), ("auto", "the default (runs on own cores)"))
 
 
 def ranking_hits(rows: list[dict], label: str) -> list[bool]:
@@ -227,7 +236,8 @@ def main() -> int:
         for case in doc["cases"]:
             draw = Draw(**{**case["draw"], "m_per_p": {int(k): v for k, v in case["draw"]["m_per_p"].items()}})
             rows += evaluate(case["model"], case["p"], draw, costs_from_dict(case["costs"]),
-                             {n: Trace.from_dict(t) for n, t in case["traces"].items()})
+                             {n: Trace.from_dict(t) for n, t in case["traces"].items()},
+                             {n: [Trace.from_dict(t) for t in ts] for n, ts in case.get("calibration_steps", {}).items()})
         _print_rows(rows)
         report(rows)
         return 0
@@ -255,14 +265,16 @@ def main() -> int:
             t0 = time.perf_counter()
             costs, results, skipped = launch_local(measure_model, (p, draw, calibration, options), p, timeout=600)
             traces = {n: r.trace for n, r in results.items()}
-            new = evaluate(i, p, draw, costs, traces)
+            steps = {n: results[n].step_traces for n in CALIBRATION_RUNS if n in results}
+            new = evaluate(i, p, draw, costs, traces, steps)
             _print_rows(new, header=not rows)
             load = os.getloadavg()[0]
             print(f"  (model {i}, p={p}: {time.perf_counter() - t0:.0f} s, load average {load:.2f}; "
                   f"skipped {', '.join(skipped) or 'none'})", flush=True)
             rows += new
             saved.append({"model": i, "p": p, "draw": asdict(draw), "costs": to_dict(costs), "load": load,
-                          "traces": {n: t.to_dict() for n, t in traces.items()}})
+                          "traces": {n: t.to_dict() for n, t in traces.items()},
+                          "calibration_steps": {n: [t.to_dict() for t in ts] for n, ts in steps.items()}})
             if args.save_runs:  # after every launch, so a run cut short keeps what it measured
                 text = json.dumps({"machine": machine, "seed": args.seed, "cases": saved})
                 Path(args.save_runs).write_bytes(gzip.compress(text.encode()))

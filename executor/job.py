@@ -201,19 +201,19 @@ class OpenRun:
 def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
                  options: RunOptions = RunOptions()) -> RunResult | None:
     """Run `options.warmup + options.steps` steps of `schedule` on this rank."""
-    return run_in_turn(ctx, [(schedule, options)], model)[0]
+    return run_in_turn(ctx, [(schedule, model, options)])[0]
 
 
-def run_in_turn(ctx: RankContext, runs: list[tuple[Schedule, RunOptions]], model: PipelineModel | ExampleModel
+def run_in_turn(ctx: RankContext, runs: list[tuple[Schedule, PipelineModel | ExampleModel, RunOptions]]
                 ) -> list[RunResult | None]:
-    """Collective: several schedules on the same model, each with its own options; their
-    warm-ups first, then one measured step of each in turn until each has its steps, so
-    that a host whose speed drifts (shared machines) slows all of them alike. Rank 0 gets
-    a RunResult per run; each run's gradients checked are those of its own last step
-    (the runs share a PipelineModel's parameters)."""
+    """Collective: several schedules, each with its model and options; their warm-ups
+    first, then one measured step of each in turn until each has its steps, so that a
+    host whose speed drifts (shared machines) slows all of them alike. Rank 0 gets a
+    RunResult per run; each run's gradients checked are those of its own last step
+    (runs may share a PipelineModel's parameters)."""
     opened: list[OpenRun] = []
     try:
-        for schedule, options in runs:
+        for schedule, model, options in runs:
             opened.append(OpenRun(ctx, schedule, model, options))
         for run in opened:
             progress.say(ctx.rank, f"running {run.schedule.name}: {run.options.warmup} warm-up and "

@@ -88,7 +88,7 @@ def calibrate_then_run(ctx: RankContext, schedule: Schedule, model: PipelineMode
     traces, result = run_traces(ctx, schedule, model, options, beside=run)
     if ctx.rank != 0:
         return None, None
-    return (costs_from_runs(base, traces) if traces else base), result
+    return (costs_from_runs(base, traces, host_time=True) if traces else base), result
 
 
 def run_traces(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
@@ -109,8 +109,9 @@ def run_traces(ctx: RankContext, schedule: Schedule, model: PipelineModel | Exam
     progress.say(ctx.rank, f"calibrating: op times from {what} of {', '.join(r.name for r in runs) or 'no run'}"
                  + (f" x {replicas} replicas" if replicas > 1 else "")
                  + (f", in turn with {schedule.name}'s" if beside is not None else ""))
-    plan = [(r, replace(steps, check=False)) for r in runs] + ([(schedule, beside)] if beside is not None else [])
-    results = run_in_turn(ctx, plan, model) if plan else []
+    plan = [(r, model, replace(steps, check=False)) for r in runs] + \
+        ([(schedule, model, beside)] if beside is not None else [])
+    results = run_in_turn(ctx, plan) if plan else []
     if ctx.rank != 0:
         return [], None
     traces = [(r, t) for r, result in zip(runs, results) for t in result.step_traces]
