@@ -150,8 +150,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
     complete = all(n in traces for n in CALIBRATION_RUNS)
     from_runs = costs_from_runs(solo, runs, host_time=True) if complete else None  # as validate calibrates
     ops_only = costs_from_runs(solo, runs) if complete else None
-    own_cores = solo.host is None or (not solo.host.gpu and p <= solo.host.capacity)
-    auto = from_runs if own_cores else solo  # what --op-times auto (the default) picks
+    auto = solo if solo.host is not None and solo.host.gpu else from_runs  # what --op-times auto picks
     rows = []
     for name, trace in traces.items():
         schedule = schedules[name]
@@ -173,7 +172,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
 
 
 ESTIMATORS = (("solo", "op times from solo profiles"), ("run", "op and host times from 1F1B, ZB-H1 runs"),
-              ("run_ops", "... op times only, host as profiled"), ("auto", "the default (runs on own cores)"))
+              ("run_ops", "... op times only, host as profiled"), ("auto", "the default (runs on CPUs)"))
 
 
 def ranking_hits(rows: list[dict], label: str) -> list[bool]:

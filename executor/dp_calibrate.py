@@ -17,7 +17,7 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
    sizes, every group at once; the line through the medians, t = a + b * n, gives the
    DP link of `simulator.costs.DataParallel`: latency a / (2(d-1)) per ring step and
    bandwidth 2(d-1)/d / b;
-4. where op times come from runs (`run_calibration.uses_runs` for one pipeline's ranks),
+4. where op times come from runs (`run_calibration.uses_runs`: on CPUs by default),
    steps of the calibration runs with every replica running (with `validate`, in turn
    with the validated run's steps): their op times and host time outside ops replace
    the pipeline's (the sharing is in them; scaling solo op times by the free-running
@@ -98,7 +98,7 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
     group = dp_groups(p, replicas)[layout.pipeline_rank]
     iterations = 3 * options.repeats
 
-    from_runs = uses_runs(options, ctx, p)
+    from_runs = uses_runs(options, ctx)
 
     # 1. without runs: ops with every replica computing, against replica 0 alone: a warm-up
     # round first (first calls allocate), then rounds in turn, the ratio of the medians

@@ -18,11 +18,12 @@ let that drift into the prediction's error.
 Other splits, or an m the runs cannot be built for, keep the solo profile (the cost
 model's meta says which).
 
-By default (`CalibrationOptions.from_runs` None) the runs are used where each rank has a
-CPU core of its own: on seeded random models (benchmarks/accuracy_random.py, numbers in
-docs/accuracy.md) op times from runs predicted better there, and worse where ranks share
-cores, where the solo profile's model of sharing applies. GPUs keep the solo profile.
-With data parallelism (`executor.dp_calibrate`) the same runs are made with every replica
+By default (`CalibrationOptions.from_runs` None) the runs are used on CPUs: on seeded
+random models (benchmarks/accuracy_random.py, numbers in docs/accuracy.md) op and host
+times from runs predicted better than solo profiles with a core per rank, and, once the
+host time came from the runs too, also where two ranks share a core (before, op times
+alone from runs predicted worse there than the solo profile's model of sharing). GPUs
+keep the solo profile. With data parallelism (`executor.dp_calibrate`) the same runs are made with every replica
 running, and the host time outside ops is read from them too.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pipesched.simulator.trace import Trace
 from . import progress
 from .calibrate import CalibrationOptions, calibrate_here
 from .job import RunOptions, RunResult, run_in_turn, run_schedule
-from .launch import RankContext, host_cores
+from .launch import RankContext
 from .models import ExampleModel, PipelineModel
 
 RUNS_BY_SPLIT = {1: ("1f1b", "zb-h1"), 2: ("interleaved-1f1b", "zb-v")}
@@ -58,12 +59,11 @@ def calibration_runs(schedule: Schedule) -> list[Schedule]:
     return runs
 
 
-def uses_runs(options: CalibrationOptions, ctx: RankContext, ranks: int | None = None) -> bool:
-    """Whether op times come from runs: as `options.from_runs` says, or (None) where every
-    rank of one pipeline (`ranks`, default the launch's) has a CPU core of its own."""
+def uses_runs(options: CalibrationOptions, ctx: RankContext) -> bool:
+    """Whether op times come from runs: as `options.from_runs` says, or (None) on CPUs."""
     if options.from_runs is not None:
         return options.from_runs
-    return ctx.device.type == "cpu" and (ctx.world if ranks is None else ranks) <= host_cores()
+    return ctx.device.type == "cpu"
 
 
 def calibrate_with_runs(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,

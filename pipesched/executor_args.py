@@ -205,8 +205,8 @@ def add_calibration_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--op-times", choices=("auto", "runs", "solo"), default=DEFAULT_OP_TIMES,
                    help="runs: op times from short runs of 1F1B and ZB-H1 (interleaved 1F1B and ZB-V for v = 2) "
                         "on the same model, so under a pipeline's concurrency; solo: each op profiled with "
-                        "the other ranks idle; auto (default): runs where every rank has a CPU core of its own, "
-                        "else solo (docs/accuracy.md compares them)")
+                        "the other ranks idle; auto (default): runs on CPUs, solo on GPUs "
+                        "(docs/accuracy.md compares them)")
 
 
 def calibration_options(args: argparse.Namespace):
