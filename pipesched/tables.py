@@ -46,7 +46,9 @@ def print_costs(costs: CostModel) -> None:
     if o.any:
         print(f"runtime host time: {fmt_seconds(o.per_op)} per op, {fmt_seconds(o.per_send)} to post a send "
               f"(its data leaves after {fmt_seconds(o.send_leaves)}), {fmt_seconds(o.per_recv)} to post a receive, "
-              f"{fmt_seconds(o.per_take)} to take one")
+              f"{fmt_seconds(o.per_take)} to take one"
+              + (f" (fitted to {fitted['gaps']} gaps between ops in the runs)"
+                 if isinstance(fitted := costs.meta.get("host_from_run"), dict) and "gaps" in fitted else ""))
     if costs.host is not None and costs.host.gpu:
         print(f"one host: {costs.host.capacity:g} GPUs time-sliced between the ranks' ops; host time per rank")
     elif costs.host is not None:
