@@ -3,8 +3,9 @@
 `calibrate_here` profiles each op with the other ranks idle. Here the ranks then run a
 few steps of two built-in schedules on the same split of the same model, one with fused
 backwards (BW) and one with split ones (B, W), and `simulator.run_costs` replaces the
-profiled op times with the medians over every measured step of those runs: op times
-under the concurrency of a real pipeline. Links, host time and memory stay as profiled.
+profiled op times with the medians over every measured step of those runs (op times
+under the concurrency of a real pipeline) and the host time outside ops with the one
+fitted to their gaps between ops. Links and memory stay as profiled.
 
 Where a run is calibrated for (`validate`), it takes its steps in turn with the
 calibration runs (`job.run_in_turn`), and they take as many as it: a shared host's
@@ -23,8 +24,8 @@ random models (benchmarks/accuracy_random.py, numbers in docs/accuracy.md) op an
 times from runs predicted better than solo profiles with a core per rank, and, once the
 host time came from the runs too, also where two ranks share a core (before, op times
 alone from runs predicted worse there than the solo profile's model of sharing). GPUs
-keep the solo profile. With data parallelism (`executor.dp_calibrate`) the same runs are made with every replica
-running, and the host time outside ops is read from them too.
+keep the solo profile. With data parallelism (`executor.dp_calibrate`) the same runs are
+made with every replica running.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def uses_runs(options: CalibrationOptions, ctx: RankContext) -> bool:
 def calibrate_with_runs(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
                         options: CalibrationOptions = CalibrationOptions()) -> CostModel | None:
     """Collective: `calibrate_here`, then the calibration runs; rank 0 returns the cost
-    model with op times from the runs (None elsewhere)."""
+    model with op and host times from the runs (None elsewhere)."""
     costs, _ = calibrate_then_run(ctx, schedule, model, options)
     return costs
 

@@ -31,9 +31,9 @@ from pipesched.simulator.replay import replay
 from pipesched.simulator.run_costs import relative_iqr
 from pipesched.simulator.trace import Trace
 
-from .calibrate import CalibrationOptions, calibrate_here, oversubscribed
+from .calibrate import CalibrationOptions, oversubscribed
 from .dp_calibrate import measure_here, with_data_parallel
-from .job import RunOptions, RunResult, run_schedule
+from .job import RunOptions, RunResult
 from .run_calibration import calibrate_then_run
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
@@ -177,11 +177,7 @@ def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel
                       calibration: CalibrationOptions, options: RunOptions):
     """Collective: calibrate, then run (with op times from runs, the run's steps in turn
     with the calibration runs'); rank 0 returns (costs, RunResult)."""
-    if calibration.from_runs is False:
-        costs = calibrate_here(ctx, schedule, model, calibration)
-        result = run_schedule(ctx, schedule, model, options)
-    else:
-        costs, result = calibrate_then_run(ctx, schedule, model, calibration, options)
+    costs, result = calibrate_then_run(ctx, schedule, model, calibration, options)
     return None if ctx.rank != 0 else (costs, result)
 
 
