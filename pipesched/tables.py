@@ -22,7 +22,7 @@ def print_costs(costs: CostModel) -> None:
               f"{fmt_bytes(s.weight_memory):>10}  {fmt_bytes(s.param_bytes):>10}")
     runs = costs.meta.get("from_runs") if isinstance(costs.meta, dict) else None
     if runs:
-        print(f"op times: medians of {runs['samples']} ops measured in runs of {', '.join(runs['schedules'])} "
+        print(f"op times: means of {runs['samples']} ops measured in runs of {', '.join(runs['schedules'])} "
               f"(interquartile range up to {100 * runs['spread']:.0f} % of the median); compute sharing is in them")
     net = costs.network
     for name, link in (("link", net.intra), ("inter-node link", net.inter)):

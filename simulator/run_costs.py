@@ -4,9 +4,14 @@ Solo profiling times each op with the other ranks idle. In a pipeline most ops r
 other ranks compute, and where ranks share a host (cores, memory bandwidth, caches) they
 take longer, by an amount that depends on the machine and the model and that one factor
 measured in lockstep catches poorly. A short run of a pipeline schedule measures it
-directly: the median duration of each op kind on each model stage, over the runs' spans,
+directly: the mean duration of each op kind on each model stage, over the runs' spans,
 becomes the cost model's op time, and the simulation no longer slows compute for shared
-cores (the durations already are slowed).
+cores (the durations already are slowed). The mean, not the median: a step is a sum of
+durations, and where two ranks share a core an op takes about 1x or 2x as its core's
+other rank waits or computes, a two-humped distribution whose median jumps between the
+humps (on four seeds of benchmarks/accuracy_random.py at p = 4 the mean predicted
+better on every seed, median error 3.6-6.7 % against 4.5-7.9 %; at p = 2 the same
+within 0.4 points).
 
 An op kind no run executed is scaled from the solo profile: T_BW from T_B + T_W in the
 ratio the profile measured, T_B and T_W from T_BW likewise. Links and memory stay as
@@ -51,7 +56,7 @@ def relative_iqr(values) -> float:
 def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], host_time: bool = False
                     ) -> CostModel:
     """`base` (a calibration with `model_stages`) with each model stage's op times the
-    median of what `runs` measured (see the module docstring) and, with `host_time`, the
+    mean of what `runs` measured (see the module docstring) and, with `host_time`, the
     host time outside ops fitted to every run's gaps (`replay.fit_host_gaps`; receives
     posted as each trace's meta["recv_lookahead"] says). Every run must split the model
     into as many model stages as `base`. The spread of the samples, the largest
@@ -68,9 +73,9 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
         for key, values in op_time_samples(schedule, trace).items():
             samples.setdefault(key, []).append(values)
     pooled = {key: np.concatenate(parts) for key, parts in samples.items()}
-    median = {key: float(np.median(v)) for key, v in pooled.items() if len(v)}
-    spread = max((relative_iqr(v) for key, v in pooled.items() if len(v) and median[key] > 0), default=0.0)
-    new = tuple(_measured_stage(solo, {op: median.get((op, k)) for op in OPS}, k)
+    mean = {key: float(np.mean(v)) for key, v in pooled.items() if len(v)}
+    spread = max((relative_iqr(v) for key, v in pooled.items() if len(v) and np.median(v) > 0), default=0.0)
+    new = tuple(_measured_stage(solo, {op: mean.get((op, k)) for op in OPS}, k)
                 for k, solo in enumerate(base.model_stages))
     meta = {**base.meta, "from_runs": {"schedules": list(dict.fromkeys(s.name for s, _ in runs)), "steps": len(runs),
                                        "spread": spread, "samples": int(sum(len(v) for v in pooled.values()))}}

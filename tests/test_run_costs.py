@@ -26,7 +26,7 @@ def run_of(name: str, truth: CostModel):
     return schedule, simulate(schedule, replace(truth, host=None))
 
 
-def test_op_times_are_the_runs_medians_and_sharing_is_not_applied_again():
+def test_op_times_are_the_runs_means_and_sharing_is_not_applied_again():
     truth = replace(SOLO, model_stages=(StageCost(1.5, 1.25, 2.5, backward_full=3.5, activation_bytes=8.0),
                                         StageCost(2.5, 2.25, 2.75, backward_full=4.5, activation_bytes=8.0)))
     got = costs_from_runs(SOLO, [run_of("1f1b", truth), run_of("zb-h1", truth)])
@@ -72,6 +72,15 @@ def test_the_spread_of_the_samples_is_reported():
     got = costs_from_runs(SOLO, [(schedule, noisy)])
     assert got.model_stages[0].forward == pytest.approx(1.75)
     assert got.meta["from_runs"]["spread"] == pytest.approx(0.75 / 1.75)
+
+
+def test_a_two_humped_op_counts_both_humps():
+    """Ops 1x or 2x as a shared core's other rank waits or computes: the mean, not the median."""
+    schedule, trace = run_of("1f1b", SOLO)
+    humps = replace(trace, end=trace.end.copy())
+    f_stage0 = np.flatnonzero((trace.lane == COMPUTE) & (trace.op == 0) & (trace.stage == 0))
+    humps.end[f_stage0] += np.array([0.0, 0.0, 0.0, 1.0])  # F: 1, 1, 1, 2 s: median 1 s, mean 1.25 s
+    assert costs_from_runs(SOLO, [(schedule, humps)]).model_stages[0].forward == pytest.approx(1.25)
 
 
 def test_relative_iqr_ignores_a_single_outlier_and_the_number_of_samples():
