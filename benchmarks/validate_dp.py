@@ -1,7 +1,8 @@
 """The whole data-parallel step, predicted against measured, as a user runs it: the
 `pipesched validate SCHEDULE -p P -m M --dp D --replay --json` command, end to end (two
-launches each: the pipeline's calibration, then calibration and the run on p x d
-ranks), for each schedule, `--repeats` times.
+launches each: solo profiles on p ranks, then the data-parallel calibration and the
+run, in turn with the calibration runs, on p x d ranks), for each schedule, `--repeats`
+times.
 
 Printed per run: the makespan error, the replay error, the bubble and the exposed
 all-reduce (predicted / measured), the measured makespan, the spread of its steps

@@ -20,10 +20,10 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
 4. where op times come from runs (`run_calibration.uses_runs`: on CPUs by default),
    steps of the calibration runs with every replica running (with `validate`, in turn
    with the validated run's steps): their op times and host time outside ops replace
-   the pipeline's (the sharing is in them; scaling solo op times by the free-running
-   factor made a p = 2, d = 2 step's ops 1.5-2x too long, since in a step a rank often
-   computes while its core's other rank waits), and their all-reduce spans slow the
-   link (a rank's all-reduce also waits for the other replicas).
+   the pipeline's (the sharing is in them; the free-running factor over-states it, since
+   in a step a rank often computes while its core's other rank waits:
+   docs/data_parallel.md), and their all-reduce spans slow the link (a rank's
+   all-reduce also waits for the other replicas).
 
 `with_data_parallel` folds these into the pipeline's calibrated cost model.
 """
@@ -46,7 +46,7 @@ from pipesched.simulator.trace import ALLREDUCE
 from .calibrate import CalibrationOptions, _free_running
 from .clock import now
 from .data_parallel import Layout, allreduce_bucket, dp_groups, sgd_step, trainable
-from .job import RunOptions, run_schedule
+from .job import RunOptions, RunResult, run_schedule
 from .launch import RankContext, host_cores
 from .links import fit_link
 from .models import ExampleModel, PipelineModel, check_model
@@ -82,12 +82,13 @@ class DataParallelProfile:
 
 
 def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel, replicas: int,
-                 options: CalibrationOptions = CalibrationOptions(), beside: RunOptions | None = None):
-    """Collective over p x `replicas` ranks; rank 0 returns the profile (None elsewhere).
-    With `beside` (a run of `schedule` with `replicas` replicas) `schedule` also runs,
-    its steps in turn with the calibration runs' where op times come from runs
-    (`run_calibration.run_traces`), after them otherwise; rank 0 then returns (profile,
-    RunResult), the other ranks (None, None)."""
+                 options: CalibrationOptions = CalibrationOptions(), beside: RunOptions | None = None
+                 ) -> tuple[DataParallelProfile | None, RunResult | None]:
+    """Collective over p x `replicas` ranks; rank 0 returns (the profile, RunResult or
+    None), the other ranks (None, None). With `beside` (a run of `schedule` with
+    `replicas` replicas) `schedule` also runs: its steps in turn with the calibration
+    runs' where op times come from runs (`run_calibration.run_traces`), after the
+    measurements otherwise."""
     p = schedule.ranks
     layout = Layout(ctx.rank, p, replicas)
     m = schedule.microbatches * replicas
@@ -157,11 +158,10 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if ctx.rank != 0:
-        return None if beside is None else (None, None)
+        return None, None
     profile = _assemble(schedule, replicas, sizes, gathered)
-    profile = replace(profile, cores=host_cores(), threads=torch.get_num_threads(),
-                      one_host=len({r[5] for r in gathered}) == 1, runs=runs)
-    return profile if beside is None else (profile, result)
+    return replace(profile, cores=host_cores(), threads=torch.get_num_threads(),
+                   one_host=len({r[5] for r in gathered}) == 1, runs=runs), result
 
 
 def _assemble(schedule: Schedule, replicas: int, sizes: list[int], reports: list) -> DataParallelProfile:
@@ -265,14 +265,18 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
 
 def calibrate_data_parallel(schedule: Schedule, model: PipelineModel | ExampleModel, replicas: int,
                             options: CalibrationOptions = CalibrationOptions(), backend: str = "gloo",
-                            bucket_bytes: float | None = None) -> CostModel:
-    """Two local launches: the pipeline's calibration on p ranks (`options.job()`, as
-    `validate --dp` runs it), then the data-parallel measurements on p x `replicas`
-    ranks; the whole step's costs."""
+                            bucket_bytes: float | None = None, beside: RunOptions | None = None
+                            ) -> tuple[CostModel, RunResult | None]:
+    """Two local launches: each rank's solo profile and the links on p ranks
+    (`calibrate.calibrate_here`; where op and host times come from runs, the second
+    launch's runs of every replica replace them), then the data-parallel measurements
+    on p x `replicas` ranks (`measure_here`, with the run `beside` when given). Returns
+    (the whole step's costs, the RunResult of `beside` or None)."""
+    from .calibrate import calibrate_here
     from .launch import launch_local
 
     options.check()
-    costs = launch_local(options.job(), (schedule, model, options), schedule.ranks, backend, options.timeout)
-    profile = launch_local(measure_here, (schedule, model, replicas, options), schedule.ranks * replicas, backend,
-                           options.timeout)
-    return with_data_parallel(costs, profile, schedule.ranks, bucket_bytes)
+    costs = launch_local(calibrate_here, (schedule, model, options), schedule.ranks, backend, options.timeout)
+    profile, result = launch_local(measure_here, (schedule, model, replicas, options, beside),
+                                   schedule.ranks * replicas, backend, options.timeout)
+    return with_data_parallel(costs, profile, schedule.ranks, bucket_bytes), result

@@ -4,8 +4,8 @@ One launch: the ranks first calibrate (`executor.calibrate`: each rank profiles 
 model stages alone, then the links are ping-ponged), then run the schedule's steps
 (`executor.job`); where op times come from calibration runs
 (`executor.run_calibration`), the schedule's steps alternate with theirs, so that a
-host whose speed drifts slows both alike. The parent simulates the schedule under the calibrated costs and
-compares the simulation with the measured step of median makespan
+host whose speed drifts slows both alike. The parent simulates the schedule under the
+calibrated costs and compares the simulation with the measured step of median makespan
 (`simulator.compare`).
 
 Memory is compared like for like: the executor counts activations and communication
@@ -32,7 +32,7 @@ from pipesched.simulator.run_costs import relative_iqr
 from pipesched.simulator.trace import Trace
 
 from .calibrate import CalibrationOptions, oversubscribed
-from .dp_calibrate import measure_here, with_data_parallel
+from .dp_calibrate import calibrate_data_parallel
 from .job import RunOptions, RunResult
 from .run_calibration import calibrate_then_run
 from .launch import RankContext, launch_local, run_here, under_torchrun
@@ -181,33 +181,21 @@ def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel
     return None if ctx.rank != 0 else (costs, result)
 
 
-def measure_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
-                    calibration: CalibrationOptions, options: RunOptions):
-    """Collective over p x d ranks: measure data parallelism's costs and run (in turn with
-    the calibration runs where op times come from runs); rank 0 returns
-    (DataParallelProfile, RunResult)."""
-    profile, result = measure_here(ctx, schedule, model, options.dp, calibration, beside=options)
-    return None if ctx.rank != 0 else (profile, result)
-
-
 def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),
                       calibration: CalibrationOptions = CalibrationOptions(), backend: str = "gloo"
                       ) -> Validation | None:
     """Calibrate, run, simulate, compare (None on torchrun ranks other than 0). With
-    options.dp > 1 (not under torchrun) two launches: the pipeline's calibration on p
-    ranks, then on p x d ranks the data-parallel costs (executor.dp_calibrate) and the
-    run; the prediction is the whole step, tail included."""
+    options.dp > 1 (not under torchrun) two launches (`dp_calibrate.calibrate_data_parallel`):
+    solo profiles on p ranks, then on p x d ranks the data-parallel costs and the run;
+    the prediction is the whole step, tail included."""
     calibration.check()
     calibration = calibration.__class__(**{**calibration.__dict__, "timeout": options.timeout})
     if options.dp > 1:
         if under_torchrun():
             raise ValueError("validate --dp runs two launches; start it without torchrun")
-        pipeline_costs = launch_local(calibration.job(), (schedule, model, calibration), schedule.ranks, backend,
-                                      options.timeout)
-        profile, result = launch_local(measure_and_run, (schedule, model, calibration, options),
-                                       schedule.ranks * options.dp, backend, options.timeout)
-        return assemble(schedule, with_data_parallel(pipeline_costs, profile, schedule.ranks,
-                                                           options.bucket_bytes), result, options)
+        costs, result = calibrate_data_parallel(schedule, model, options.dp, calibration, backend,
+                                                options.bucket_bytes, beside=options)
+        return assemble(schedule, costs, result, options)
     args = (schedule, model, calibration, options)
     if under_torchrun():
         out = run_here(calibrate_and_run, args, backend, options.timeout)

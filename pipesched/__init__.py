@@ -166,7 +166,7 @@ def calibrate(schedule: Schedule, model: "PipelineModel | ExampleModel",
     prepare(schedule, model, backend, dp)
     if dp > 1:
         from .executor.dp_calibrate import calibrate_data_parallel
-        return calibrate_data_parallel(schedule, model, dp, options or CalibrationOptions(), backend, bucket_bytes)
+        return calibrate_data_parallel(schedule, model, dp, options or CalibrationOptions(), backend, bucket_bytes)[0]
     return _calibrate(schedule, model, options or CalibrationOptions(), backend)
 
 

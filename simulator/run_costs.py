@@ -9,15 +9,13 @@ becomes the cost model's op time, and the simulation no longer slows compute for
 cores (the durations already are slowed). The mean, not the median: a step is a sum of
 durations, and where two ranks share a core an op takes about 1x or 2x as its core's
 other rank waits or computes, a two-humped distribution whose median jumps between the
-humps (on four seeds of benchmarks/accuracy_random.py at p = 4 the mean predicted
-better on every seed, median error 3.6-6.7 % against 4.5-7.9 %; at p = 2 the same
-within 0.4 points).
+humps (docs/accuracy.md compares the two).
 
 An op kind no run executed is scaled from the solo profile: T_BW from T_B + T_W in the
 ratio the profile measured, T_B and T_W from T_BW likewise. Links and memory stay as
 calibrated; host time outside ops too, unless asked to be fitted to the runs' gaps
-between ops (`simulator.replay.fit_host_gaps`): where more processes than cores share a
-host, posting a send took 1.5-2 ms in runs against 0.3 ms calibrated alone.
+between ops (`simulator.replay.fit_host_gaps`): where ranks share cores, a rank also
+waits for its core between ops, which a calibration with the other ranks idle cannot see.
 """
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from typing import Sequence
 import numpy as np
 
 from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
-
 from pipesched.schedules.validate import validate
 
 from .costs import CostError, CostModel, StageCost

@@ -37,10 +37,10 @@ def run_cases(ctx, cases: list) -> dict | None:
         if result is not None:
             out[case_id] = result
     # data parallelism's calibration in the same launch: op times from runs of every replica
-    out["profile"] = measure_here(ctx, build("1f1b", 2, 4), MLP64, 2, CalibrationOptions(repeats=2, warmup=1,
-                                                                                         from_runs=True))
-    out["profile_solo"] = measure_here(ctx, build("1f1b", 2, 4), MLP64, 2, CalibrationOptions(repeats=2, warmup=1,
-                                                                                              from_runs=False))
+    out["profile"], _ = measure_here(ctx, build("1f1b", 2, 4), MLP64, 2,
+                                     CalibrationOptions(repeats=2, warmup=1, from_runs=True))
+    out["profile_solo"], _ = measure_here(ctx, build("1f1b", 2, 4), MLP64, 2,
+                                          CalibrationOptions(repeats=2, warmup=1, from_runs=False))
     # as validate --dp runs it: the validated schedule's steps in turn with the calibration runs'
     out["beside"] = measure_here(ctx, build("gpipe", 2, 4), MLP64, 2, CalibrationOptions(repeats=2, warmup=1,
                                                                                           from_runs=True),

@@ -238,8 +238,8 @@ def cli_json(*args: str) -> dict:
 
 @pytest.mark.distributed
 def test_cli_runs_a_user_function():
-    s = cli_json("run", "1f1b", "-p", "2", "-m", "2", "--model", "models_for_cli:tied_lm", "--steps", "1", "--min-time", "0",
-                 "--warmup", "0")
+    s = cli_json("run", "1f1b", "-p", "2", "-m", "2", "--model", "models_for_cli:tied_lm", "--steps", "1",
+                 "--min-time", "0", "--warmup", "0")
     assert s["loss_matches_reference"] is True and s["max_grad_rel_error"] < 1e-12
     assert s["model"].startswith("tied-lm: 2 stages")
 

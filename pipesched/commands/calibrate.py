@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if replicas > 1:
             from pipesched.executor.dp_calibrate import calibrate_data_parallel
-            costs = calibrate_data_parallel(schedule, model, replicas, calibration_options(args), args.backend, bucket)
+            costs, _ = calibrate_data_parallel(schedule, model, replicas, calibration_options(args), args.backend,
+                                               bucket)
         else:
             costs = calibrate(schedule, model, calibration_options(args), args.backend)
     except ExecutorError as exc:
