@@ -98,11 +98,12 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     assert all(s.forward > 0 and s.backward_weight > 0 and s.activation_memory > 0 for s in costs.model_stages)
     link = costs.network.intra
     assert link.latency >= 0 and 1e8 < link.bandwidth < float("inf")  # loopback: GB/s
-    # host time fitted to the runs' gaps between ops (no term below 0; bookkeeping may fit to 0)
+    # host time fitted to the runs' gaps between ops: no term below 0, and any one may fit to 0
+    # (non-negative least squares), but not all of them: the gaps are there
     o = costs.host_overhead
-    assert costs.meta["host_from_run"]["gaps"] > 0 and o.per_send > 0
-    assert 0 <= o.per_op < o.per_send and o.per_recv >= 0 and o.per_take >= 0
-    assert costs.host_overhead.per_recv > 0 and costs.host_overhead.per_take > 0
+    terms = (o.per_op, o.per_send, o.per_recv, o.per_take)
+    assert costs.meta["host_from_run"]["gaps"] > 0 and costs.meta["host_from_run"]["median_gap"] > 0
+    assert min(terms) >= 0 and sum(terms) > 0
 
 
 @pytest.mark.parametrize("args, message", [
