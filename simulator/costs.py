@@ -183,6 +183,45 @@ def cut(stages: Sequence[StageCost], k: int) -> list[StageCost]:
 
 
 @dataclass(frozen=True)
+class FixedOpTimes:
+    """Seconds of each op kind that do not shrink when a model stage is cut into parts
+    (dispatch, autograd bookkeeping, taking the input): a part of a stage whose F takes T
+    takes (T - forward) / k + forward, not T / k. Read from runs at two splits of one
+    model (`simulator.run_costs`); all 0 scales op times in proportion."""
+
+    forward: float = 0.0
+    backward_input: float = 0.0
+    backward_weight: float = 0.0
+    backward_full: float = 0.0
+
+    def check(self) -> "FixedOpTimes":
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not is_real(value) or not math.isfinite(value) or value < 0:
+                raise CostError(f"fixed_op_times.{f.name} must be a finite number of seconds >= 0, got {value!r}")
+        return self
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self))
+
+    def taken_from(self, stage: StageCost) -> StageCost:
+        """`stage` with these seconds taken off its op times (at least 0)."""
+        return replace(stage, forward=max(0.0, stage.forward - self.forward),
+                       backward_input=max(0.0, stage.backward_input - self.backward_input),
+                       backward_weight=max(0.0, stage.backward_weight - self.backward_weight),
+                       backward_full=None if stage.backward_full is None
+                       else max(0.0, stage.backward_full - self.backward_full))
+
+    def added_to(self, stage: StageCost) -> StageCost:
+        """`stage` with these seconds added to its op times."""
+        return replace(stage, forward=stage.forward + self.forward,
+                       backward_input=stage.backward_input + self.backward_input,
+                       backward_weight=stage.backward_weight + self.backward_weight,
+                       backward_full=None if stage.backward_full is None else stage.backward_full + self.backward_full)
+
+
+@dataclass(frozen=True)
 class Link:
     """A point-to-point transfer costs latency + bytes / bandwidth (seconds, bytes/s)."""
 
@@ -322,7 +361,11 @@ class HostSharing:
     time-shares (each switch evicts the other rank's data from the core's caches).
     `gpu`: the shared processor is `capacity` GPUs time-sliced between the ranks'
     contexts (gloo-cuda): only ops compete for it, while host time outside ops (posting
-    and taking transfers, bookkeeping) runs on each rank's own CPU, unshared."""
+    and taking transfers, bookkeeping) runs on each rank's own CPU, unshared.
+    `host_time_first`: on shared CPU cores, a rank's host time outside ops runs at once
+    at full speed instead of taking a share of its core (the kernel runs a rank woken
+    from a wait first; the ops computing beside it lose that time, which op durations
+    read from runs already hold: `simulator.dedicated`)."""
 
     capacity: float
     compute_demand: float = 1.0
@@ -331,13 +374,14 @@ class HostSharing:
     pinned: bool = False
     switching: float = 0.0
     gpu: bool = False
+    host_time_first: bool = False
 
     def check(self) -> "HostSharing":
         for name in ("capacity", "compute_demand", "wait_demand", "interference", "switching"):
             value = getattr(self, name)
             if not is_real(value) or not math.isfinite(value) or value < 0:
                 raise CostError(f"host.{name} must be a finite number >= 0, got {value!r}")
-        for flag in ("pinned", "gpu"):
+        for flag in ("pinned", "gpu", "host_time_first"):
             if not isinstance(getattr(self, flag), bool):
                 raise CostError(f"host.{flag} must be true or false, got {getattr(self, flag)!r}")
         if self.pinned and self.gpu:
@@ -374,6 +418,8 @@ class CostModel:
         stage's optimizer_time is set.
     layers: the model layer by layer (`simulator.layers`), instead of `stages` and
         `model_stages`: each schedule's model stages are its split of the layers.
+    fixed_op_times: the part of each op kind's time in `model_stages` that stays whole
+        when they are cut or merged for another split (`FixedOpTimes`).
     """
 
     stages: tuple[StageCost, ...] = (StageCost(),)
@@ -389,6 +435,7 @@ class CostModel:
     recv_lookahead: int = 2
     data_parallel: DataParallel = DataParallel()
     layers: LayerCosts | None = None
+    fixed_op_times: FixedOpTimes = FixedOpTimes()
     meta: dict = field(default_factory=dict, compare=False)
 
     def check(self) -> "CostModel":
@@ -416,6 +463,10 @@ class CostModel:
         if not isinstance(self.data_parallel, DataParallel):
             raise CostError("data_parallel must be an object with degree, latency, bandwidth and bucket_bytes")
         self.data_parallel.check()
+        if not isinstance(self.fixed_op_times, FixedOpTimes):
+            raise CostError("fixed_op_times must be an object with forward, backward_input, backward_weight and "
+                            "backward_full (seconds)")
+        self.fixed_op_times.check()
         if self.layers is not None:
             if self.model_stages is not None:
                 raise CostError("give the model either as layers or as model_stages, not both")
@@ -429,8 +480,9 @@ class CostModel:
         layers fill). `model_stages` given for a finer split of the same model (S divides
         their number) are merged, k consecutive stages into one (`merged`: exact for op
         times and memory); given for a coarser split (their number divides S), each is
-        cut into equal parts (`cut`: assumes its layers cost alike). So a model
-        calibrated once predicts schedules of any number of chunks per rank.
+        cut into equal parts (`cut`: assumes its layers cost alike), each keeping the
+        ops' `fixed_op_times` whole. So a model calibrated once predicts schedules of any
+        number of chunks per rank.
         CostError for any other number: silently using `stages` instead would predict a
         model the user did not describe."""
         if self.layers is not None:
@@ -439,14 +491,18 @@ class CostModel:
             have = len(self.model_stages)
             if have == num_model_stages:
                 return list(self.model_stages)
+            fixed = self.fixed_op_times
+            whole = [fixed.taken_from(st) for st in self.model_stages] if fixed.any else list(self.model_stages)
             if num_model_stages and have % num_model_stages == 0:
                 k = have // num_model_stages
-                return [merged(self.model_stages[i * k:(i + 1) * k]) for i in range(num_model_stages)]
-            if num_model_stages % have == 0:
-                return cut(self.model_stages, num_model_stages // have)
-            raise CostError(f"the costs give model_stages for {have} model stages but the schedule has "
-                            f"{num_model_stages}, neither a multiple nor a divisor; calibrate for this "
-                            "schedule, or drop model_stages to scale the per-rank stages")
+                parts = [merged(whole[i * k:(i + 1) * k]) for i in range(num_model_stages)]
+            elif num_model_stages % have == 0:
+                parts = cut(whole, num_model_stages // have)
+            else:
+                raise CostError(f"the costs give model_stages for {have} model stages but the schedule has "
+                                f"{num_model_stages}, neither a multiple nor a divisor; calibrate for this "
+                                "schedule, or drop model_stages to scale the per-rank stages")
+            return [fixed.added_to(st) for st in parts] if fixed.any else parts
         if len(self.stages) not in (1, ranks):
             raise CostError(f"cost model gives {len(self.stages)} pipeline stages but the schedule has {ranks} ranks")
         k = ranks / num_model_stages
@@ -516,6 +572,16 @@ def _units(data: Any, where: str) -> Any:
     return out
 
 
+def _seconds(value: Any, where: str) -> Any:
+    """A time given as a number or with units ("0.3ms"); checked by the caller."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse_seconds(value)
+    except UnitError as exc:
+        raise CostError(f"{where}: {exc}") from None
+
+
 def _stage(data: Any, where: str) -> StageCost:
     if not isinstance(data, dict):
         raise CostError(f"{where} must be an object of stage costs, got {type(data).__name__}")
@@ -550,7 +616,7 @@ def from_dict(data: Any) -> CostModel:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
                "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead",
-               "data_parallel", "layers", "meta"}
+               "data_parallel", "layers", "fixed_op_times", "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -592,7 +658,8 @@ def from_dict(data: Any) -> CostModel:
     if host is not None:
         if not isinstance(host, dict) or "capacity" not in host:
             raise CostError("host must be an object with capacity (and compute_demand, wait_demand)")
-        fields_ = {"capacity", "compute_demand", "wait_demand", "interference", "pinned", "switching", "gpu"}
+        fields_ = {"capacity", "compute_demand", "wait_demand", "interference", "pinned", "switching", "gpu",
+                   "host_time_first"}
         unknown = sorted(set(host) - fields_)
         if unknown:
             raise CostError(f"host has unknown field {unknown[0]!r}; fields are {', '.join(sorted(fields_))}")
@@ -613,6 +680,11 @@ def from_dict(data: Any) -> CostModel:
     if unknown:
         raise CostError(f"data_parallel has unknown field {unknown[0]!r}; fields are {', '.join(sorted(dp_fields))}")
     data_parallel = DataParallel(**_units(dp, "data_parallel"))
+    fixed = data.get("fixed_op_times", {})
+    fixed_fields = {f.name for f in fields(FixedOpTimes)}
+    if not isinstance(fixed, dict) or set(fixed) - fixed_fields:
+        raise CostError(f"fixed_op_times must be an object with {', '.join(sorted(fixed_fields))} (seconds)")
+    fixed_op_times = FixedOpTimes(**{k: _seconds(v, f"fixed_op_times.{k}") for k, v in fixed.items()})
     layers = None
     if "layers" in data:
         from .layers import layers_from_dict  # it builds on this module
@@ -624,7 +696,7 @@ def from_dict(data: Any) -> CostModel:
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
                      op_overhead=_units(data, "cost file").get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
-                     data_parallel=data_parallel, layers=layers, meta=meta).check()
+                     data_parallel=data_parallel, layers=layers, fixed_op_times=fixed_op_times, meta=meta).check()
 
 
 def to_dict(model: CostModel) -> dict:
@@ -659,6 +731,10 @@ def to_dict(model: CostModel) -> dict:
         doc["host"] = {"capacity": model.host.capacity, "compute_demand": model.host.compute_demand,
                        "wait_demand": model.host.wait_demand, "interference": model.host.interference,
                        "pinned": model.host.pinned, "switching": model.host.switching, "gpu": model.host.gpu}
+        if model.host.host_time_first:
+            doc["host"]["host_time_first"] = True
+    if model.fixed_op_times.any:
+        doc["fixed_op_times"] = {f.name: getattr(model.fixed_op_times, f.name) for f in fields(FixedOpTimes)}
     if model.host_overhead.any:
         o = model.host_overhead
         doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv,

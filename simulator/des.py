@@ -78,8 +78,10 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
 
     def host_work(r: int, seconds: float):
         """The rank's host busy outside ops: shared with the others unless they share a
-        GPU, whose ranks each have their own CPU."""
-        return env.timeout(seconds) if host is None or sharing.gpu else host.compute(r, seconds)
+        GPU, whose ranks each have their own CPU, or it runs first (`host_time_first`)."""
+        if host is None or sharing.gpu or sharing.host_time_first:
+            return env.timeout(seconds)
+        return host.compute(r, seconds)
 
     def rank(r: int) -> Generator:
         inputs, outputs, units = graph.task_inputs, graph.task_outputs, graph.units

@@ -4,18 +4,29 @@ Solo profiling times each op with the other ranks idle. In a pipeline most ops r
 other ranks compute, and where ranks share a host (cores, memory bandwidth, caches) they
 take longer, by an amount that depends on the machine and the model and that one factor
 measured in lockstep catches poorly. A short run of a pipeline schedule measures it
-directly: the mean duration of each op kind on each model stage, over the runs' spans,
-becomes the cost model's op time, and the simulation no longer slows compute for shared
-cores (the durations already are slowed). The mean, not the median: a step is a sum of
-durations, and where two ranks share a core an op takes about 1x or 2x as its core's
-other rank waits or computes, a two-humped distribution whose median jumps between the
-humps (docs/accuracy.md compares the two).
+directly: the mean duration of each op kind on each model stage becomes the cost model's
+op time. The mean within a step, not the median: a step is a sum of durations. Across
+steps, the median of those means: one step that stalls (a page fault, a preemption
+of 100 ms) moved a whole calibration by 8 % when every step's ops were pooled.
+
+Where each rank has its own core, the durations already are slowed and the simulation
+no longer slows compute for sharing. Where ranks are pinned to shared cores, how much an
+op is slowed follows the schedule, so the durations are turned into dedicated work first
+(`simulator.dedicated`) and the simulation shares the cores again.
+
+Runs at two splits of the same model (model stages per rank v and 2v) also give each
+op kind's fixed cost, the part that does not shrink when a model stage is cut in half
+(dispatch, autograd bookkeeping, taking the input): the cost model's `fixed_op_times`,
+which `CostModel.model_stage_costs` keeps whole in every part. Without it a v = 1
+calibration predicted v = 2 schedules 3-8 % short.
 
 An op kind no run executed is scaled from the solo profile: T_BW from T_B + T_W in the
 ratio the profile measured, T_B and T_W from T_BW likewise. Links and memory stay as
 calibrated; host time outside ops too, unless asked to be fitted to the runs' gaps
-between ops (`simulator.replay.fit_host_gaps`): where ranks share cores, a rank also
-waits for its core between ops, which a calibration with the other ranks idle cannot see.
+between ops (`simulator.replay.fit_host_gaps`) where each rank has its own core: a
+calibration with the other ranks idle misses the runtime's cost under a running
+pipeline. On shared cores the gaps also hold waits for the core, which the simulation
+models, so host time stays as profiled there.
 """
 from __future__ import annotations
 
@@ -27,19 +38,22 @@ import numpy as np
 from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
 from pipesched.schedules.validate import validate
 
-from .costs import CostError, CostModel, StageCost
+from .costs import CostError, CostModel, FixedOpTimes, HostSharing, StageCost
+from .dedicated import dedicated_durations, shares_cores
 from .replay import fit_host_gaps, host_time_gaps
 from .trace import COMPUTE, Trace
 
 
-def op_time_samples(schedule: Schedule, trace: Trace) -> dict[tuple[str, int], np.ndarray]:
-    """(op, model stage) -> the measured durations (seconds) of those ops in `trace`."""
+def op_time_samples(schedule: Schedule, trace: Trace, durations: np.ndarray | None = None
+                    ) -> dict[tuple[str, int], np.ndarray]:
+    """(op, model stage) -> the measured durations (seconds) of those ops in `trace`
+    (`durations`, per span, instead of the spans' own, e.g. `dedicated_durations`)."""
     comp = np.flatnonzero((trace.lane == COMPUTE) & (trace.op < len(OPS)))  # not the optimizer step
     model = np.asarray([s.model_stage for s in schedule.stages], dtype=np.int64)
     if len(comp) and int(trace.stage[comp].max()) >= len(model):
         raise CostError(f"the run of {trace.schedule!r} has stages its schedule {schedule.name!r} lacks")
     ms, op = model[trace.stage[comp]], trace.op[comp]
-    took = trace.end[comp] - trace.start[comp]
+    took = (trace.end - trace.start if durations is None else durations)[comp]
     return {(OPS[o], int(k)): took[(op == o) & (ms == k)] for o, k in {(int(a), int(b)) for a, b in zip(op, ms)}}
 
 
@@ -50,34 +64,78 @@ def relative_iqr(values) -> float:
     return float(q3 - q1) / float(median)
 
 
-def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], host_time: bool = False
-                    ) -> CostModel:
-    """`base` (a calibration with `model_stages`) with each model stage's op times the
-    mean of what `runs` measured (see the module docstring) and, with `host_time`, the
-    host time outside ops fitted to every run's gaps (`replay.fit_host_gaps`; receives
-    posted as each trace's meta["recv_lookahead"] says). Every run must split the model
-    into as many model stages as `base`. The spread of the samples, the largest
-    interquartile range over median of any op kind and stage, is kept in
-    `meta["from_runs"]["spread"]`."""
+def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], host_time: bool = False,
+                    sharing: HostSharing | None = None) -> CostModel:
+    """`base` (a calibration with `model_stages`) with each model stage's op times read
+    from `runs` (see the module docstring): per op kind and model stage, the median over
+    the runs' steps of each step's mean. Runs split the model into as many model stages
+    as `base`, or some into twice or half as many: those give the ops' fixed cost
+    (`fixed_op_times`). `sharing`: how the runs' ranks shared the host; where they were
+    pinned to fewer cores than ranks, durations become dedicated work and the result
+    shares the cores again (`host` = `sharing` without interference, host time first).
+    Otherwise `host` is None and, with `host_time`, the host time outside ops is fitted
+    to every run's gaps (`replay.fit_host_gaps`; receives posted as each trace's
+    meta["recv_lookahead"] says). The spread of the samples, the largest interquartile
+    range over median of any op kind and stage, is kept in `meta["from_runs"]["spread"]`."""
     if base.model_stages is None:
         raise CostError("costs from runs need a calibration with model_stages")
     stages = len(base.model_stages)
-    samples: dict[tuple[str, int], list[np.ndarray]] = {}
+    per_split: dict[int, dict[tuple[str, int], list[float]]] = {}
+    pooled: dict[tuple[str, int], list[np.ndarray]] = {}
+    dedicated = False
     for schedule, trace in runs:
-        if schedule.num_model_stages != stages:
-            raise CostError(f"the run of {schedule.name!r} has {schedule.num_model_stages} model stages, "
-                            f"the calibration {stages}")
-        for key, values in op_time_samples(schedule, trace).items():
-            samples.setdefault(key, []).append(values)
-    pooled = {key: np.concatenate(parts) for key, parts in samples.items()}
-    mean = {key: float(np.mean(v)) for key, v in pooled.items() if len(v)}
-    spread = max((relative_iqr(v) for key, v in pooled.items() if len(v) and np.median(v) > 0), default=0.0)
-    new = tuple(_measured_stage(solo, {op: mean.get((op, k)) for op in OPS}, k)
+        split = schedule.num_model_stages
+        if split not in (stages, 2 * stages) and 2 * split != stages:
+            raise CostError(f"the run of {schedule.name!r} has {split} model stages, the calibration {stages} "
+                            "(runs must have as many, twice or half as many)")
+        durations = None
+        if sharing is not None and shares_cores(sharing, trace.ranks):
+            durations, dedicated = dedicated_durations(trace, sharing), True
+        for key, values in op_time_samples(schedule, trace, durations).items():
+            if len(values):
+                per_split.setdefault(split, {}).setdefault(key, []).append(float(np.mean(values)))
+                if split == stages:
+                    pooled.setdefault(key, []).append(values)
+    measured = {split: {key: float(np.median(v)) for key, v in means.items()}
+                for split, means in per_split.items()}
+    if stages not in measured:
+        raise CostError(f"no run splits the model into the calibration's {stages} model stages")
+    here = measured[stages]
+    fixed = _fixed_op_time(here, stages, measured)
+    spread = max((relative_iqr(np.concatenate(v)) for v in pooled.values() if np.median(np.concatenate(v)) > 0),
+                 default=0.0)
+    new = tuple(_measured_stage(solo, {op: here.get((op, k)) for op in OPS}, k)
                 for k, solo in enumerate(base.model_stages))
     meta = {**base.meta, "from_runs": {"schedules": list(dict.fromkeys(s.name for s, _ in runs)), "steps": len(runs),
-                                       "spread": spread, "samples": int(sum(len(v) for v in pooled.values()))}}
-    out = replace(base, stages=new[:1], model_stages=new, host=None, meta=meta).check()
-    return _host_time_from(out, runs) if host_time else out
+                                       "spread": spread, "samples": int(sum(len(x) for v in pooled.values() for x in v)),
+                                       "dedicated": dedicated}}
+    host = replace(sharing, interference=0.0, host_time_first=True) if dedicated else None
+    out = replace(base, stages=new[:1], model_stages=new, host=host, fixed_op_times=fixed, meta=meta).check()
+    return _host_time_from(out, runs) if host_time and not dedicated else out
+
+
+def _fixed_op_time(here: dict[tuple[str, int], float], stages: int,
+                   measured: dict[int, dict[tuple[str, int], float]]) -> FixedOpTimes:
+    """Each op kind's seconds that do not shrink with its model stage: with a stage
+    measured whole (T) and in two halves (t1, t2) at the other split, T = c + x and
+    t1 + t2 = 2c + x, so c = t1 + t2 - T; the mean over the model stages measured both
+    ways (for B and W not the first: it computes no input gradient, so its W does the
+    whole backward, and its halves split it otherwise), at least 0. A fused
+    backward not measured both ways takes the larger of B's and W's: it is one backward
+    call. All 0 without runs at another split."""
+    samples: dict[str, list[float]] = {}
+    for split, other in measured.items():
+        if split == stages:
+            continue
+        whole, halves = (here, other) if split > stages else (other, here)
+        for (op, k), t in whole.items():
+            parts = [halves.get((op, 2 * k)), halves.get((op, 2 * k + 1))]
+            if None not in parts and not (op in (B, W) and k == 0):
+                samples.setdefault(op, []).append(parts[0] + parts[1] - t)
+    c = {op: max(0.0, float(np.mean(v))) for op, v in samples.items()}
+    b, w = c.get(B, 0.0), c.get(W, 0.0)
+    return FixedOpTimes(forward=c.get(F, 0.0), backward_input=b, backward_weight=w,
+                        backward_full=c.get(BW, max(b, w)))
 
 
 def _host_time_from(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:
