@@ -12,12 +12,18 @@ calibration runs (`job.run_in_turn`), and they take as many as it: a shared host
 speed drifts by tens of percent within seconds, and calibrating first, then running,
 let that drift into the prediction's error.
 
-    split (model stages per rank)   runs
-    1                               1F1B, ZB-H1
-    2                               interleaved 1F1B, ZB-V
+    split (model stages per rank)   runs                       and at the other split
+    1                               1F1B, ZB-H1                ZB-V (v = 2)
+    2                               interleaved 1F1B, ZB-V     ZB-H1 (v = 1)
 
-Other splits, or an m the runs cannot be built for, keep the solo profile (the cost
-model's meta says which).
+The run at the other split splits the same network in twice or half as many model
+stages; with it each op kind's fixed cost, which does not shrink when a stage is cut,
+is known, and one cost file predicts v = 1 and v = 2 schedules alike. It needs a model
+that can be split both ways: the example models (`ExampleModel`) with even block counts
+to halve; other models go without it. Where ranks are pinned to shared cores the op
+durations are read as dedicated work and shared again in the simulation
+(`simulator.dedicated`). Other splits, or an m the runs cannot be built for, keep the
+solo profile (the cost model's meta says which).
 
 By default (`CalibrationOptions.from_runs` None) the runs are used on CPUs: on seeded
 random models (benchmarks/accuracy_random.py, numbers in docs/accuracy.md) op and host
@@ -44,6 +50,7 @@ from .launch import RankContext
 from .models import ExampleModel, PipelineModel
 
 RUNS_BY_SPLIT = {1: ("1f1b", "zb-h1"), 2: ("interleaved-1f1b", "zb-v")}
+OTHER_SPLIT = {1: ("zb-v", 2), 2: ("zb-h1", 1)}  # split -> (run, its split): the ops' fixed cost
 RUN_STEPS, RUN_WARMUP = 5, 1  # a calibration run's measured steps, pooled, without a run beside
 
 
@@ -58,6 +65,39 @@ def calibration_runs(schedule: Schedule) -> list[Schedule]:
         except ScheduleError:  # e.g. an m the schedule does not take
             pass
     return runs
+
+
+def other_split_run(schedule: Schedule, model: PipelineModel | ExampleModel
+                    ) -> tuple[Schedule, ExampleModel] | None:
+    """The run at the other split (see the table) with the same network split for it,
+    or None where the model cannot be split so or the run not built."""
+    p, m = schedule.ranks, schedule.microbatches
+    split, rest = divmod(schedule.num_model_stages, p)
+    if rest or split not in OTHER_SPLIT or not isinstance(model, ExampleModel):
+        return None
+    name, to = OTHER_SPLIT[split]
+    blocks = resplit_blocks(model.layers_per_stage, schedule.num_model_stages, p * to)
+    if blocks is None:
+        return None
+    try:
+        return build(name, p, m), replace(model, layers_per_stage=blocks)
+    except ScheduleError:
+        return None
+
+
+def resplit_blocks(blocks: int | tuple[int, ...], stages: int, to: int) -> int | tuple[int, ...] | None:
+    """Blocks per model stage of the same network in `to` model stages instead of
+    `stages` (twice or half as many), or None where a stage's blocks do not halve."""
+    counts = [blocks] * stages if isinstance(blocks, int) else list(blocks)
+    if to == 2 * stages:
+        if any(c % 2 for c in counts):
+            return None
+        out = [c // 2 for c in counts for _ in range(2)]
+    elif 2 * to == stages:
+        out = [counts[2 * k] + counts[2 * k + 1] for k in range(to)]
+    else:
+        return None
+    return out[0] if isinstance(blocks, int) and len(set(out)) == 1 else tuple(out)
 
 
 def uses_runs(options: CalibrationOptions, ctx: RankContext) -> bool:
@@ -89,7 +129,7 @@ def calibrate_then_run(ctx: RankContext, schedule: Schedule, model: PipelineMode
     traces, result = run_traces(ctx, schedule, model, options, beside=run)
     if ctx.rank != 0:
         return None, None
-    return (costs_from_runs(base, traces, host_time=True) if traces else base), result
+    return (costs_from_runs(base, traces, host_time=True, sharing=base.host) if traces else base), result
 
 
 def run_traces(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
@@ -101,19 +141,21 @@ def run_traces(ctx: RankContext, schedule: Schedule, model: PipelineModel | Exam
     turn (`job.run_in_turn`): a host whose speed drifts, as shared machines' does, then
     slows the calibration and the run alike. Rank 0 gets (every measured step of every
     calibration run as (run, replica 0's Trace), `schedule`'s RunResult or None)."""
-    runs = calibration_runs(schedule)
+    runs = [(r, model) for r in calibration_runs(schedule)]
+    other = other_split_run(schedule, model) if runs else None
+    runs += [other] if other is not None else []
     if beside is not None and beside.dp != replicas:
         raise ValueError(f"the run beside the calibration has {beside.dp} replicas, the calibration {replicas}")
     steps = RunOptions(steps=RUN_STEPS, warmup=RUN_WARMUP, timeout=options.timeout, dp=replicas) if beside is None \
         else replace(beside, lr=0.0)  # a PipelineModel's parameters are shared with the run beside
     what = f"{steps.steps}+ steps" if steps.min_time > 0 else f"{steps.steps} steps"
-    progress.say(ctx.rank, f"calibrating: op times from {what} of {', '.join(r.name for r in runs) or 'no run'}"
+    progress.say(ctx.rank, f"calibrating: op times from {what} of {', '.join(r.name for r, _ in runs) or 'no run'}"
                  + (f" x {replicas} replicas" if replicas > 1 else "")
                  + (f", in turn with {schedule.name}'s" if beside is not None else ""))
-    plan = [(r, model, replace(steps, check=False)) for r in runs] + \
+    plan = [(r, m, replace(steps, check=False)) for r, m in runs] + \
         ([(schedule, model, beside)] if beside is not None else [])
     results = run_in_turn(ctx, plan) if plan else []
     if ctx.rank != 0:
         return [], None
-    traces = [(r, t) for r, result in zip(runs, results) for t in result.step_traces]
+    traces = [(r, t) for (r, _), result in zip(runs, results) for t in result.step_traces]
     return traces, (results[-1] if beside is not None else None)

@@ -22,8 +22,15 @@ def print_costs(costs: CostModel) -> None:
               f"{fmt_bytes(s.weight_memory):>10}  {fmt_bytes(s.param_bytes):>10}")
     runs = costs.meta.get("from_runs") if isinstance(costs.meta, dict) else None
     if runs:
+        how = ("dedicated work: the cores' sharing undone, and simulated again" if runs.get("dedicated")
+               else "compute sharing is in them")
         print(f"op times: means of {runs['samples']} ops measured in runs of {', '.join(runs['schedules'])} "
-              f"(interquartile range up to {100 * runs['spread']:.0f} % of the median); compute sharing is in them")
+              f"(interquartile range up to {100 * runs['spread']:.0f} % of the median); {how}")
+    fixed = costs.fixed_op_times
+    if fixed.any:
+        print(f"fixed time per op, kept whole when a stage is cut for another split: F {fmt_seconds(fixed.forward)}, "
+              f"B {fmt_seconds(fixed.backward_input)}, W {fmt_seconds(fixed.backward_weight)}, "
+              f"BW {fmt_seconds(fixed.backward_full)}")
     net = costs.network
     for name, link in (("link", net.intra), ("inter-node link", net.inter)):
         if link is not None:
@@ -55,5 +62,6 @@ def print_costs(costs: CostModel) -> None:
         h = costs.host
         shared = f"; ranks pinned round-robin, {100 * h.switching:.1f} % below a fair share of a shared core" \
             if h.pinned else ""
+        first = "; host time outside ops runs first" if h.host_time_first else ""
         print(f"one host: {h.capacity:g} cores, {h.compute_demand:g} threads per rank; compute "
-              f"{100 * h.interference:.1f} % slower with every core busy{shared}")
+              f"{100 * h.interference:.1f} % slower with every core busy{shared}{first}")

@@ -8,7 +8,11 @@ import pytest
 
 from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostError, CostModel, HostOverhead, HostSharing, Link, Network, StageCost
+from pipesched.simulator.costs import (CostError, CostModel, FixedOpTimes, HostOverhead, HostSharing, Link, Network,
+                                       StageCost)
+from pipesched.simulator.dedicated import dedicated_durations
+from pipesched.simulator.metrics import compute_metrics
+from pipesched.simulator.trace import Trace
 from pipesched.simulator.run_costs import costs_from_runs, op_time_samples, relative_iqr
 from pipesched.simulator.trace import COMPUTE
 
@@ -89,9 +93,13 @@ def test_relative_iqr_ignores_a_single_outlier_and_the_number_of_samples():
     assert relative_iqr([1.0, 2.0, 3.0, 4.0, 5.0] * 20) == pytest.approx(2.0 / 3.0)
 
 
-def test_runs_of_another_split_or_without_model_stages_are_refused():
-    with pytest.raises(CostError, match="4 model stages, the calibration 2"):
-        costs_from_runs(SOLO, [(build("zb-v", 2, 4), simulate(build("zb-v", 2, 4), replace(SOLO, host=None)))])
+def test_runs_of_another_split_alone_or_of_a_third_split_or_without_model_stages_are_refused():
+    zbv = build("zb-v", 2, 4)
+    with pytest.raises(CostError, match="no run splits the model into the calibration's 2 model stages"):
+        costs_from_runs(SOLO, [(zbv, simulate(zbv, replace(SOLO, host=None)))])
+    thirds = build("interleaved-1f1b", 2, 4, 3)
+    with pytest.raises(CostError, match="6 model stages, the calibration 2"):
+        costs_from_runs(SOLO, [run_of("1f1b", SOLO), (thirds, simulate(thirds, replace(SOLO, host=None)))])
     with pytest.raises(CostError, match="need a calibration with model_stages"):
         costs_from_runs(replace(SOLO, model_stages=None), [run_of("1f1b", SOLO)])
 
@@ -110,3 +118,131 @@ def test_calibration_runs_match_the_split():
     assert [s.name for s in calibration_runs(build("zb-h2", 2, 4))] == ["1f1b", "zb-h1"]
     assert [s.name for s in calibration_runs(build("dualpipev", 2, 4))] == ["interleaved-1f1b", "zb-v"]
     assert all(s.num_model_stages == 4 for s in calibration_runs(build("dualpipev", 2, 4)))
+
+
+def test_the_run_at_the_other_split_runs_the_same_network():
+    pytest.importorskip("torch")
+    from pipesched.executor.models import ExampleModel
+    from pipesched.executor.run_calibration import other_split_run, resplit_blocks
+
+    assert resplit_blocks(4, 2, 4) == 2 and resplit_blocks(2, 4, 2) == 4
+    assert resplit_blocks((3, 1), 2, 3) is None  # neither twice nor half as many
+    assert resplit_blocks((2, 4), 2, 4) == (1, 1, 2, 2) and resplit_blocks((1, 1, 2, 2), 4, 2) == (2, 4)
+    assert resplit_blocks((3, 2), 2, 4) is None  # 3 blocks do not halve
+    run, model = other_split_run(build("zb-h2", 2, 4), ExampleModel(layers_per_stage=2))
+    assert (run.name, run.num_model_stages, model.layers_per_stage) == ("zb-v", 4, 1)
+    run, model = other_split_run(build("dualpipev", 2, 4), ExampleModel(layers_per_stage=2))
+    assert (run.name, run.num_model_stages, model.layers_per_stage) == ("zb-h1", 2, 4)
+    assert other_split_run(build("1f1b", 2, 4), ExampleModel(layers_per_stage=3)) is None
+    assert other_split_run(build("1f1b", 2, 4), object()) is None  # a model that cannot be split again
+
+
+def test_a_step_that_stalls_does_not_move_the_op_times():
+    """Per op kind: each step's mean, then the median over steps."""
+    schedule, trace = run_of("1f1b", SOLO)
+    stalled = replace(trace, end=trace.end.copy())
+    f_stage0 = np.flatnonzero((trace.lane == COMPUTE) & (trace.op == 0) & (trace.stage == 0))
+    stalled.end[f_stage0[0]] += 100.0
+    got = costs_from_runs(SOLO, [(schedule, trace), (schedule, stalled), (schedule, trace)])
+    assert got.model_stages[0].forward == pytest.approx(1.0)
+
+
+TRUTH = replace(SOLO, host=None, model_stages=(StageCost(2.0, 1.0, 3.0, backward_full=3.5, activation_bytes=8.0),
+                                               StageCost(2.5, 2.25, 2.75, backward_full=4.5, activation_bytes=8.0)),
+                fixed_op_times=FixedOpTimes(forward=0.2, backward_input=0.3, backward_weight=0.1, backward_full=0.3))
+
+
+def test_runs_at_two_splits_give_each_op_kinds_fixed_time_and_predict_the_other_split_exactly():
+    runs = [run_of(name, TRUTH) for name in ("1f1b", "zb-h1", "zb-v")]
+    got = costs_from_runs(SOLO, runs)
+    assert got.fixed_op_times.forward == pytest.approx(0.2)
+    assert got.fixed_op_times.backward_input == pytest.approx(0.3)
+    assert got.fixed_op_times.backward_weight == pytest.approx(0.1)
+    assert got.fixed_op_times.backward_full == pytest.approx(0.3)  # not measured both ways: max(B, W)
+    # a half of model stage 1: F (2.5 - 0.2) / 2 + 0.2, not 2.5 / 2
+    assert got.model_stage_costs(2, 4)[3].forward == pytest.approx(1.35)
+    for name in ("interleaved-1f1b", "dualpipev", "looped-bfs"):
+        schedule = build(name, 2, 4)
+        want = compute_metrics(simulate(schedule, TRUTH)).makespan
+        assert compute_metrics(simulate(schedule, got)).makespan == pytest.approx(want, rel=1e-9), name
+    # one split only: the halves are plain halves, and v = 2 is predicted short
+    one = costs_from_runs(SOLO, runs[:2])
+    assert not one.fixed_op_times.any
+    assert compute_metrics(simulate(build("interleaved-1f1b", 2, 4), one)).makespan < \
+        compute_metrics(simulate(build("interleaved-1f1b", 2, 4), TRUTH)).makespan
+
+
+def test_a_coarser_run_gives_the_fixed_time_of_a_v2_calibration():
+    fine = replace(SOLO, model_stages=tuple(TRUTH.model_stage_costs(2, 4)), fixed_op_times=FixedOpTimes())
+    runs = [run_of(name, TRUTH) for name in ("interleaved-1f1b", "zb-v", "zb-h1")]
+    got = costs_from_runs(fine, runs)
+    assert got.fixed_op_times.forward == pytest.approx(0.2)
+    assert compute_metrics(simulate(build("1f1b", 2, 4), got)).makespan == \
+        pytest.approx(compute_metrics(simulate(build("1f1b", 2, 4), TRUTH)).makespan, rel=1e-9)
+
+
+def test_fixed_op_times_round_trip_through_a_cost_file():
+    from pipesched.simulator.costs import from_dict, to_dict
+
+    doc = to_dict(TRUTH)
+    assert doc["fixed_op_times"]["backward_input"] == 0.3
+    assert from_dict(doc).fixed_op_times == TRUTH.fixed_op_times
+    assert from_dict({**doc, "fixed_op_times": {"forward": "2ms"}}).fixed_op_times.forward == pytest.approx(2e-3)
+    with pytest.raises(CostError, match="fixed_op_times"):
+        from_dict({**doc, "fixed_op_times": {"forward": -1.0}})
+    with pytest.raises(CostError, match="fixed_op_times"):
+        from_dict({**doc, "fixed_op_times": {"fwd": 1.0}})
+
+
+SHARED = HostSharing(capacity=2, pinned=True, switching=0.0)
+
+
+def _trace(spans):
+    return Trace.from_spans("hand", 4, 1, "measured", [(r, COMPUTE, "F", 0, r, a, b) for r, a, b in spans])
+
+
+def test_dedicated_work_undoes_processor_sharing_with_the_cores_other_ranks():
+    # ranks 0 and 2 share core 0: rank 0 computes 0-4 s, rank 2 2-4 s: 2 s alone, 2 s at half speed
+    trace = _trace([(0, 0.0, 4.0), (2, 2.0, 4.0), (1, 0.0, 4.0)])
+    assert list(dedicated_durations(trace, SHARED)) == pytest.approx([3.0, 1.0, 4.0])
+    slower = dedicated_durations(trace, replace(SHARED, switching=0.5))  # 1 / (2 x 1.5) while shared
+    assert list(slower) == pytest.approx([2.0 + 2.0 / 3.0, 2.0 / 3.0, 4.0])
+    assert list(dedicated_durations(trace, HostSharing(capacity=4, pinned=True))) == [4.0, 2.0, 4.0]
+
+
+def test_runs_on_shared_cores_are_read_as_dedicated_work_and_shared_again():
+    host = HostSharing(capacity=2, pinned=True, switching=0.1, host_time_first=True)
+    truth = replace(SOLO, host=host, host_overhead=HostOverhead(per_op=1e-3, per_send=5e-3),
+                    model_stages=tuple(replace(s, activation_bytes=8.0) for s in TRUTH.model_stage_costs(4, 4)))
+    base = replace(truth, model_stages=tuple(replace(s, forward=1.0) for s in truth.model_stages))
+
+    def ran(name):
+        schedule = build(name, 4, 8)
+        return schedule, simulate(schedule, truth, engine="des")
+
+    got = costs_from_runs(base, [ran("1f1b"), ran("zb-h1")], host_time=True, sharing=replace(host, host_time_first=False))
+    assert got.host == host and got.host_overhead == truth.host_overhead  # host time as profiled
+    assert got.meta["from_runs"]["dedicated"]
+    for mine, want in zip(got.model_stages, truth.model_stages):
+        assert (mine.forward, mine.backward_input, mine.backward_weight) == \
+            pytest.approx((want.forward, want.backward_input, want.backward_weight), rel=1e-6)
+    dualpipe = build("dualpipe", 4, 8)
+    assert compute_metrics(simulate(dualpipe, got)).makespan == \
+        pytest.approx(compute_metrics(simulate(dualpipe, truth)).makespan, rel=1e-6)
+    # read as plain durations, the same runs predict another schedule differently
+    plain = costs_from_runs(base, [ran("1f1b"), ran("zb-h1")])
+    assert plain.host is None and plain.model_stages[1].forward > truth.model_stages[1].forward
+
+
+def test_host_time_first_runs_host_time_beside_a_core_mates_op_at_full_speed():
+    # ranks 0 and 2 share core 0 (4 ranks, 2 cores); host time after every op
+    costs = CostModel(stages=(StageCost(1.0, 1.0, 1.0),), host_overhead=HostOverhead(per_op=0.5),
+                      host=HostSharing(capacity=2, pinned=True))
+    schedule = build("gpipe", 4, 4)
+
+    def makespan(host):
+        return compute_metrics(simulate(schedule, replace(costs, host=host))).makespan
+
+    assert makespan(replace(costs.host, host_time_first=True)) < makespan(costs.host)
+    alone = HostSharing(capacity=4, pinned=True)  # a core each: nothing to run first
+    assert makespan(replace(alone, host_time_first=True)) == makespan(alone)
