@@ -19,11 +19,12 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
    bandwidth 2(d-1)/d / b;
 4. where op times come from runs (`run_calibration.uses_runs`: on CPUs by default),
    steps of the calibration runs with every replica running (with `validate`, in turn
-   with the validated run's steps): their op times and host time outside ops replace
-   the pipeline's (the sharing is in them; the free-running factor over-states it, since
-   in a step a rank often computes while its core's other rank waits:
-   docs/data_parallel.md), and their all-reduce spans slow the link (a rank's
-   all-reduce also waits for the other replicas).
+   with the validated run's steps): their op times replace the pipeline's (where the
+   p x d ranks share cores, as dedicated work with the other replicas' ops undone,
+   `simulator.dedicated`, and the replicas are simulated sharing the cores; the
+   free-running factor over-states the sharing, since in a step a rank often computes
+   while its core's other rank waits: docs/data_parallel.md), and their all-reduce spans
+   slow the link (a rank's all-reduce also waits for the other replicas).
 
 `with_data_parallel` folds these into the pipeline's calibrated cost model.
 """
@@ -240,13 +241,14 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
     DP link (slowed as the calibration runs' all-reduces were, `allreduce_in_runs`), and
     the op times with every replica running. Those are, in order of
     preference: what the calibration runs of every replica measured (`profile.runs`;
-    the sharing is in them); the profiled op times, with the p x d ranks simulated
+    where the p x d ranks share cores, read as dedicated work and simulated sharing
+    them, `simulator.dedicated`; otherwise the sharing is in them); the profiled op times, with the p x d ranks simulated
     sharing the host (`replica_sharing`); the profiled op times scaled by the replicas'
     slowdown where each rank has cores of its own."""
     host = None
     link = DataParallel(profile.degree, profile.latency, profile.bandwidth, bucket_bytes)
-    if profile.runs:
-        costs = costs_from_runs(costs, profile.runs, host_time=True)
+    if profile.runs:  # on shared cores: dedicated work, the p x d ranks simulated sharing them again
+        costs = costs_from_runs(costs, profile.runs, host_time=True, sharing=replica_sharing(costs, profile, ranks))
         slower = allreduce_in_runs(profile, link)
         link = replace(link, latency=link.latency * slower, bandwidth=link.bandwidth / slower)
     else:

@@ -267,6 +267,12 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
     step_times = [max(r.bounds[i][1] for r in reports) - min(r.bounds[i][0] for r in reports) for i in range(steps)]
     everyone, reports = reports, reports[:sched.ranks]  # replica 0's ranks make the trace
     traces = [measured_trace(graph, [(r.offset, r.steps[i]) for r in reports]) for i in range(steps)]
+    if options.dp > 1:  # the other replicas' ops, which share cores with replica 0's (simulator.dedicated)
+        for i, t in enumerate(traces):
+            t0 = min(start - r.offset for r in reports for _, start, _ in r.steps[i].compute)
+            t.meta["replica_compute"] = [[q, round(start - r.offset - t0, 9), round(end - r.offset - t0, 9)]
+                                         for q, r in enumerate(everyone) if q >= sched.ranks
+                                         for _, start, end in r.steps[i].compute]
     makespans = [compute_metrics(t).makespan for t in traces]
     median = sorted(range(steps), key=makespans.__getitem__)[(steps - 1) // 2]  # the lower median: a real step
     trace = traces[median]

@@ -14,7 +14,9 @@ integral of that rate over it. The simulation then shares the cores again for wh
 schedule it times. Host time outside ops is not undone: the kernel runs a rank woken
 from a wait first, so its posting and bookkeeping stretch the op computing beside it,
 which stays in that op's work; the simulation runs host time first
-(`HostSharing.host_time_first`) to match.
+(`HostSharing.host_time_first`) to match. A data-parallel run's trace is replica 0's;
+the other replicas' compute spans, which share the cores with it, come in its
+meta["replica_compute"] as [global rank, start, end].
 """
 from __future__ import annotations
 
@@ -31,32 +33,41 @@ def shares_cores(sharing: HostSharing | None, ranks: int) -> bool:
     return sharing is not None and sharing.pinned and not sharing.gpu and ranks > int(sharing.capacity)
 
 
+def world_ranks(trace: Trace) -> int:
+    """The ranks of the run `trace` comes from: its own, times the data-parallel replicas."""
+    return trace.ranks * int((trace.meta.get("data_parallel") or {}).get("degree", 1))
+
+
 def dedicated_durations(trace: Trace, sharing: HostSharing) -> np.ndarray:
     """Per span of `trace`, seconds: a compute span's dedicated work with its core's other
     ranks' compute spans undone (see the module docstring; cores as `sharing` pins them),
     every other span's plain duration."""
     out = trace.end - trace.start
-    if not shares_cores(sharing, trace.ranks):
+    if not shares_cores(sharing, world_ranks(trace)):
         return out
     cores = int(sharing.capacity)
     slow = 1.0 + sharing.switching
     comp = np.flatnonzero((trace.lane == COMPUTE) & (trace.op < len(OPS)))
-    core = trace.rank[comp] % cores
+    others = np.asarray(trace.meta.get("replica_compute") or np.empty((0, 3)), dtype=float).reshape(-1, 3)
+    rank = np.concatenate((trace.rank[comp], others[:, 0].astype(np.int64)))
+    start = np.concatenate((trace.start[comp], others[:, 1]))
+    end = np.concatenate((trace.end[comp], others[:, 2]))
     for r in range(trace.ranks):
         mine = comp[trace.rank[comp] == r]
-        mates = comp[(core == r % cores) & (trace.rank[comp] != r)]
-        if not len(mine) or not len(mates):
+        mates = (rank % cores == r % cores) & (rank != r)
+        if not len(mine) or not mates.any():
             continue
         # how many of the core's other ranks compute, as a step function of time
-        times = np.concatenate((trace.start[mates], trace.end[mates]))
+        times = np.concatenate((start[mates], end[mates]))
         order = np.argsort(times, kind="stable")
         times = times[order]
-        others = np.cumsum(np.concatenate((np.ones(len(mates)), -np.ones(len(mates))))[order])
+        count = int(mates.sum())
+        busy = np.cumsum(np.concatenate((np.ones(count), -np.ones(count)))[order])
         for i in mine:
             a, b = trace.start[i], trace.end[i]
             lo, hi = np.searchsorted(times, a, side="right"), np.searchsorted(times, b, side="left")
             edges = np.concatenate(([a], times[lo:hi], [b]))
-            k = np.concatenate(([others[lo - 1] if lo else 0.0], others[lo:hi]))
+            k = np.concatenate(([busy[lo - 1] if lo else 0.0], busy[lo:hi]))
             rate = np.where(k > 0, 1.0 / ((k + 1.0) * slow), 1.0)
             out[i] = float(np.sum(np.diff(edges) * rate))
     return out

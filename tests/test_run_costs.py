@@ -210,6 +210,15 @@ def test_dedicated_work_undoes_processor_sharing_with_the_cores_other_ranks():
     assert list(dedicated_durations(trace, HostSharing(capacity=4, pinned=True))) == [4.0, 2.0, 4.0]
 
 
+def test_a_data_parallel_runs_other_replicas_share_replica_0s_cores():
+    # p = 2, d = 2 on 2 cores: global rank 2 (replica 1's stage 0) shares core 0 with rank 0
+    trace = Trace.from_spans("hand", 2, 1, "measured", [(0, COMPUTE, "F", 0, 0, 0.0, 4.0), (1, COMPUTE, "F", 0, 1, 0.0, 2.0)],
+                             meta={"data_parallel": {"degree": 2}, "replica_compute": [[2, 2.0, 4.0], [3, 0.0, 1.0]]})
+    assert list(dedicated_durations(trace, SHARED)) == pytest.approx([3.0, 1.5])
+    alone = replace(trace, meta={})  # without the other replicas' spans: two ranks, two cores, nothing shared
+    assert list(dedicated_durations(alone, SHARED)) == [4.0, 2.0]
+
+
 def test_runs_on_shared_cores_are_read_as_dedicated_work_and_shared_again():
     host = HostSharing(capacity=2, pinned=True, switching=0.1, host_time_first=True)
     truth = replace(SOLO, host=host, host_overhead=HostOverhead(per_op=1e-3, per_send=5e-3),
