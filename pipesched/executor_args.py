@@ -33,8 +33,10 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
                    help=f"hidden size (default {DEFAULT_HIDDEN['mlp']} for mlp, whose ops then take a few ms on a CPU "
                         f"core, long enough to predict well; {DEFAULT_HIDDEN['other']} for the others)")
     g.add_argument("--vocab", type=int, default=2048, help="vocabulary size, hf-* only (default 2048)")
-    g.add_argument("--layers-per-stage", type=layer_counts, default=2, metavar="N|N,N,..|balanced|even",
-                   help="blocks per model stage (default 2); a list gives each model stage its own (3,2,2,1); "
+    g.add_argument("--layers-per-stage", type=layer_counts, metavar="N|N,N,..|balanced|even",
+                   help=f"blocks per model stage (default: {BLOCKS_PER_RANK} blocks per rank, so that every schedule "
+                        f"runs the same network: {BLOCKS_PER_RANK} per model stage at one model stage per rank, "
+                        f"{BLOCKS_PER_RANK // 2} at two, 1 beyond); a list gives each model stage its own (3,2,2,1); "
                         "balanced or even: the split of the --costs file's layers section (docs/partition.md)")
     g.add_argument("--microbatch-size", type=int,
                    help=f"samples per microbatch (default {DEFAULT_MICROBATCH['mlp']} for mlp, "
@@ -43,6 +45,16 @@ def add_executor_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=int, default=0, help="initialisation and data seed (default 0)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
+
+
+def default_blocks(schedule: Schedule) -> int:
+    """Blocks per model stage of the example and hf-* models when --layers-per-stage is not
+    given: BLOCKS_PER_RANK per rank, so that `run 1f1b` and `run zb-v` run one network
+    (as one calibration predicts both), or 1 where a rank's model stages outnumber them."""
+    per_rank, rest = divmod(schedule.num_model_stages, schedule.ranks)
+    if rest or not per_rank or BLOCKS_PER_RANK % per_rank:
+        return 1
+    return BLOCKS_PER_RANK // per_rank
 
 
 def layer_counts(text: str) -> int | tuple[int, ...] | str:
@@ -120,6 +132,7 @@ def import_executor(command: str) -> None:
 
 
 EXAMPLES = ("mlp", "transformer")
+BLOCKS_PER_RANK = 2  # the example models' default depth: blocks per rank (see default_blocks)
 # the default MLP's ops take ~4 ms on one core of the project's 2-core machine: ops much
 # shorter are within a few times the runtime's own time per op (docs/accuracy.md)
 DEFAULT_HIDDEN = {"mlp": 512, "other": 128}
@@ -147,6 +160,8 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
     if args.microbatch_size is None:
         args.microbatch_size = DEFAULT_MICROBATCH[kind]
     microbatches = schedule.microbatches * replicas_of(args)  # the global batch, split across the replicas
+    if args.layers_per_stage is None:
+        args.layers_per_stage = default_blocks(schedule)
     if isinstance(args.layers_per_stage, str):
         args.layers_per_stage = layers_from_costs(args, schedule)
     if isinstance(args.layers_per_stage, tuple) and len(args.layers_per_stage) != schedule.num_model_stages:

@@ -87,13 +87,14 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     proc = pipesched("calibrate", "zb-v", "-p", "2", "-m", "4", *SMALL, "--op-times", "runs", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "T_F" in proc.stdout and "link: latency" in proc.stdout and "to post a send" in proc.stdout
-    assert "calibrating: op times from 5 steps of interleaved-1f1b, zb-v" in proc.stderr  # progress, on stderr
+    # progress, on stderr; ZB-H1 runs the same network in p model stages: the ops' fixed times
+    assert "calibrating: op times from 5 steps of interleaved-1f1b, zb-v, zb-h1" in proc.stderr
     costs = load(out)
     assert len(costs.model_stages) == 4  # zb-v cuts the model in 2p
     # op times from every measured step of the runs of interleaved 1F1B (BW) and ZB-V (B, W): 4 F per model
     # stage, run and step
-    assert costs.meta["from_runs"] == {**costs.meta["from_runs"], "schedules": ["interleaved-1f1b", "zb-v"]}
-    assert costs.meta["from_runs"]["steps"] == 2 * RUN_STEPS
+    assert costs.meta["from_runs"] == {**costs.meta["from_runs"], "schedules": ["interleaved-1f1b", "zb-v", "zb-h1"]}
+    assert costs.meta["from_runs"]["steps"] == 3 * RUN_STEPS
     assert costs.meta["from_runs"]["samples"] == RUN_STEPS * (4 * (4 + 4) + 4 * (4 + 4 + 4)) and costs.host is None
     assert all(s.forward > 0 and s.backward_weight > 0 and s.activation_memory > 0 for s in costs.model_stages)
     link = costs.network.intra
