@@ -39,7 +39,7 @@ from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
 from pipesched.schedules.validate import validate
 
 from .costs import CostError, CostModel, FixedOpTimes, HostSharing, StageCost
-from .dedicated import dedicated_durations, shares_cores
+from .dedicated import dedicated_durations, shares_cores, world_ranks
 from .replay import fit_host_gaps, host_time_gaps
 from .trace import COMPUTE, Trace
 
@@ -89,7 +89,7 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
             raise CostError(f"the run of {schedule.name!r} has {split} model stages, the calibration {stages} "
                             "(runs must have as many, twice or half as many)")
         durations = None
-        if sharing is not None and shares_cores(sharing, trace.ranks):
+        if sharing is not None and shares_cores(sharing, world_ranks(trace)):
             durations, dedicated = dedicated_durations(trace, sharing), True
         for key, values in op_time_samples(schedule, trace, durations).items():
             if len(values):
