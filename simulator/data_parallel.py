@@ -62,11 +62,15 @@ def gradients_ready(trace: Trace, schedule: Schedule) -> dict[int, list[tuple[fl
 
 
 def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageCost], dp: DataParallel,
-                  ready: dict[int, list[tuple[float, int, int]]] | None = None) -> Trace:
+                  ready: dict[int, list[tuple[float, int, int]]] | None = None, measured: Trace | None = None
+                  ) -> Trace:
     """`trace` (one replica's pipeline) with the all-reduce and optimizer spans of the
     step's tail appended, and meta["data_parallel"] describing it. stage_costs: per
     model stage (seconds, bytes); `ready`: `gradients_ready` (default: of `trace`, as
-    when every replica runs the same timeline)."""
+    when every replica runs the same timeline). `measured`: a run whose tail gives each
+    all-reduce bucket's and optimizer step's duration instead (a replay; its
+    all-reduces hold the wait for the other replicas), the costs' where it has none."""
+    took = _tail_durations(measured) if measured is not None else {}
     rows: list[tuple] = []  # rank, lane, op, mb, stage, start, end
     comp = np.flatnonzero(trace.lane == COMPUTE)
     pipeline_end = np.full(schedule.ranks, -np.inf)
@@ -83,13 +87,13 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
             done = t
             for k, nbytes in enumerate(dp.buckets(cost.synced_bytes) if dp.degree > 1 else []):
                 start = max(done, link_free)
-                done = link_free = start + dp.allreduce_time(nbytes)
+                done = link_free = start + took.get((r, ALLREDUCE, v, k), dp.allreduce_time(nbytes))
                 rows.append((r, ALLREDUCE, op, k, v, start, done))
             synced.append((done, v))
         free = float(pipeline_end[r])
         for done, v in sorted(synced):
             start = max(free, done)
-            free = start + stage_costs[schedule.stages[v].model_stage].optimizer_time
+            free = start + took.get((r, COMPUTE, v, 0), stage_costs[schedule.stages[v].model_stage].optimizer_time)
             rows.append((r, COMPUTE, SPAN_OPS.index(OPTIMIZER), 0, v, start, free))
     out = _appended(trace, rows)
     out.meta["data_parallel"] = {
@@ -97,6 +101,15 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
         "bandwidth": None if np.isinf(dp.bandwidth) else dp.bandwidth, "bucket_bytes": dp.bucket_bytes,
         "exposed_allreduce": exposed_allreduce(out)}
     return out
+
+
+def _tail_durations(trace: Trace) -> dict[tuple[int, int, int, int], float]:
+    """(rank, lane, virtual stage, bucket) -> seconds of each all-reduce (lane ALLREDUCE)
+    and optimizer step (lane COMPUTE, bucket 0) of `trace`'s tail."""
+    opt = SPAN_OPS.index(OPTIMIZER)
+    tail = np.flatnonzero((trace.lane == ALLREDUCE) | ((trace.lane == COMPUTE) & (trace.op == opt)))
+    return {(int(trace.rank[i]), int(trace.lane[i]), int(trace.stage[i]), int(trace.mb[i]) if trace.lane[i] == ALLREDUCE
+             else 0): float(trace.end[i] - trace.start[i]) for i in tail}
 
 
 def _appended(trace: Trace, rows: list[tuple]) -> Trace:

@@ -19,8 +19,10 @@ is the simulator's own error.
   receive posted, receive taken) to the run's own gaps between ops that waited for
   nothing (`fit_host_time`; the cost model's where the trace lacks the record);
   `host="costs"` keeps the cost model's calibrated ones.
-- Memory and the data-parallel step tail (all-reduces, optimizer) come from the cost
-  model (`costs`, e.g. the run's own calibration). Ranks sharing cores are not modelled
+- The data-parallel step tail: each all-reduce bucket and optimizer step takes what the
+  run measured (an all-reduce's span holds its wait for the other replicas), in the
+  order and on the link the simulator gives them. Memory comes from the cost model
+  (`costs`, e.g. the run's own calibration). Ranks sharing cores are not modelled
   again: the measured durations already include the slowdown.
 """
 from __future__ import annotations
@@ -240,6 +242,6 @@ def replay(schedule: Schedule | TaskGraph, measured: Trace, costs: CostModel, pe
     trace = to_trace(graph, timing, longest_path(graph, timing),
                      {"engine": "exact", "replay": per, "replayed_transfers": edge_times is not None,
                       "host_from_run": "host_from_run" in costs.meta})
-    if has_tail(timing.stage_costs, costs.data_parallel):  # all-reduces and optimizer as the cost model says
-        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel)
+    if has_tail(timing.stage_costs, costs.data_parallel):  # all-reduces and optimizer as the run measured them
+        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel, measured=measured)
     return trace

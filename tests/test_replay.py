@@ -97,3 +97,20 @@ def test_host_time_is_read_back_from_a_run(monkeypatch):
     fitted = fit_host_time(graph, recv, replace(costs, host_overhead=HostOverhead())).host_overhead
     for name in ("per_op", "per_send", "per_recv", "per_take"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+
+
+def test_a_data_parallel_replay_takes_each_all_reduce_and_optimizer_step_as_measured():
+    from pipesched.simulator.costs import CostModel, DataParallel, StageCost
+    from pipesched.simulator.trace import ALLREDUCE
+
+    # a 1e6-byte all-reduce over 2 replicas at 1e6 B/s takes 1 s, the optimizer 0.5 s
+    costs = CostModel(stages=(StageCost(1.0, 1.0, 1.0, param_bytes=1e6, optimizer_time=0.5),),
+                      data_parallel=DataParallel(2, 0.0, 1e6))
+    schedule = build("1f1b", 2, 4)
+    run = simulate(schedule, costs)
+    assert compute_metrics(replay(schedule, run, costs)).makespan == pytest.approx(compute_metrics(run).makespan)
+    slow = replace(run, end=run.end.copy())
+    last = [i for i in np.flatnonzero(run.lane == ALLREDUCE) if run.rank[i] == 0]  # rank 0 finishes last
+    slow.end[last] += 3.0  # its all-reduce waited 3 s longer (e.g. for the other replica)
+    got = compute_metrics(replay(schedule, slow, costs)).makespan
+    assert got == pytest.approx(compute_metrics(run).makespan + 3.0)
