@@ -10,12 +10,13 @@ depth, sequence length) and each p, one launch of the ranks:
    step of each in turn (`executor.job.run_in_turn`), so that the host's drift slows
    them alike.
 
-Then, offline, every run is predicted: from the solo calibration, and from costs read
-from every measured step of the runs of the calibration schedules 1F1B and ZB-H1
-(`simulator.run_costs`: op times under the run's own concurrency, and host time outside
-ops fitted to the runs, as `validate` calibrates; marked * in the table), and the same
-with op times only. Printed per case:
-measured makespan, both predictions' errors, the replay error (the run simulated with
+Then, offline, every run is predicted: from the solo calibration; from costs read from
+every measured step of the runs of 1F1B and ZB-H1 and, at the other split, ZB-V, as
+`validate` calibrates (`simulator.run_costs`: op times, each op kind's fixed time from
+the two splits, dedicated work where ranks share cores, host time outside ops fitted
+to the runs where they do not; marked * in the table); and, for comparison, as
+calibration did before 2026-11-25 (1F1B and ZB-H1 only, pooled means, runs-v1).
+Printed per case: measured makespan, the predictions' errors, the replay error (the run simulated with
 its own op and transfer times and host time fitted to it: `simulator.replay`; replay-c
 with the calibrated host time) and the spread of the measured steps' makespans (the
 interquartile range over the median); per p:

@@ -242,9 +242,10 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
     the op times with every replica running. Those are, in order of
     preference: what the calibration runs of every replica measured (`profile.runs`;
     where the p x d ranks share cores, read as dedicated work and simulated sharing
-    them, `simulator.dedicated`; otherwise the sharing is in them); the profiled op times, with the p x d ranks simulated
-    sharing the host (`replica_sharing`); the profiled op times scaled by the replicas'
-    slowdown where each rank has cores of its own."""
+    them, `simulator.dedicated`; otherwise the sharing is in them); the profiled op
+    times, with the p x d ranks simulated sharing the host (`replica_sharing`); the
+    profiled op times scaled by the replicas' slowdown where each rank has cores of its
+    own."""
     host = None
     link = DataParallel(profile.degree, profile.latency, profile.bandwidth, bucket_bytes)
     if profile.runs:  # on shared cores: dedicated work, the p x d ranks simulated sharing them again

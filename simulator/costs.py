@@ -207,18 +207,18 @@ class FixedOpTimes:
 
     def taken_from(self, stage: StageCost) -> StageCost:
         """`stage` with these seconds taken off its op times (at least 0)."""
-        return replace(stage, forward=max(0.0, stage.forward - self.forward),
-                       backward_input=max(0.0, stage.backward_input - self.backward_input),
-                       backward_weight=max(0.0, stage.backward_weight - self.backward_weight),
-                       backward_full=None if stage.backward_full is None
-                       else max(0.0, stage.backward_full - self.backward_full))
+        return self._shifted(stage, -1.0)
 
     def added_to(self, stage: StageCost) -> StageCost:
         """`stage` with these seconds added to its op times."""
-        return replace(stage, forward=stage.forward + self.forward,
-                       backward_input=stage.backward_input + self.backward_input,
-                       backward_weight=stage.backward_weight + self.backward_weight,
-                       backward_full=None if stage.backward_full is None else stage.backward_full + self.backward_full)
+        return self._shifted(stage, 1.0)
+
+    def _shifted(self, stage: StageCost, sign: float) -> StageCost:
+        def shift(name: str) -> float | None:
+            value = getattr(stage, name)
+            return None if value is None else max(0.0, value + sign * getattr(self, name))
+
+        return replace(stage, **{f.name: shift(f.name) for f in fields(self)})
 
 
 @dataclass(frozen=True)
@@ -572,16 +572,6 @@ def _units(data: Any, where: str) -> Any:
     return out
 
 
-def _seconds(value: Any, where: str) -> Any:
-    """A time given as a number or with units ("0.3ms"); checked by the caller."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return parse_seconds(value)
-    except UnitError as exc:
-        raise CostError(f"{where}: {exc}") from None
-
-
 def _stage(data: Any, where: str) -> StageCost:
     if not isinstance(data, dict):
         raise CostError(f"{where} must be an object of stage costs, got {type(data).__name__}")
@@ -684,7 +674,7 @@ def from_dict(data: Any) -> CostModel:
     fixed_fields = {f.name for f in fields(FixedOpTimes)}
     if not isinstance(fixed, dict) or set(fixed) - fixed_fields:
         raise CostError(f"fixed_op_times must be an object with {', '.join(sorted(fixed_fields))} (seconds)")
-    fixed_op_times = FixedOpTimes(**{k: _seconds(v, f"fixed_op_times.{k}") for k, v in fixed.items()})
+    fixed_op_times = FixedOpTimes(**_units(fixed, "fixed_op_times"))
     layers = None
     if "layers" in data:
         from .layers import layers_from_dict  # it builds on this module

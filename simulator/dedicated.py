@@ -5,7 +5,7 @@ pins them), an op's span is stretched by whatever its core's other ranks compute
 meanwhile. Which ops overlap follows the schedule: in a 1F1B run rank 1's backward may
 share its core half the time and in a DualPipe run most of the time, so one mean
 duration per op kind read from the runs of one schedule does not carry over to another
-(at p = 4 on two cores DualPipe was predicted 10-12 % short that way).
+(docs/accuracy.md: DualPipe at p = 4 on two cores).
 
 Undoing the sharing gives each op's dedicated work. Under processor sharing
 (`simulator.sharing`), a rank computing beside k others on its core runs at

@@ -6,8 +6,8 @@ take longer, by an amount that depends on the machine and the model and that one
 measured in lockstep catches poorly. A short run of a pipeline schedule measures it
 directly: the mean duration of each op kind on each model stage becomes the cost model's
 op time. The mean within a step, not the median: a step is a sum of durations. Across
-steps, the median of those means: one step that stalls (a page fault, a preemption
-of 100 ms) moved a whole calibration by 8 % when every step's ops were pooled.
+steps, the median of those means: one step that stalls (a page fault, a preemption)
+would otherwise move the whole calibration (docs/accuracy.md has the case).
 
 Where each rank has its own core, the durations already are slowed and the simulation
 no longer slows compute for sharing. Where ranks are pinned to shared cores, how much an
@@ -17,8 +17,8 @@ op is slowed follows the schedule, so the durations are turned into dedicated wo
 Runs at two splits of the same model (model stages per rank v and 2v) also give each
 op kind's fixed cost, the part that does not shrink when a model stage is cut in half
 (dispatch, autograd bookkeeping, taking the input): the cost model's `fixed_op_times`,
-which `CostModel.model_stage_costs` keeps whole in every part. Without it a v = 1
-calibration predicted v = 2 schedules 3-8 % short.
+which `CostModel.model_stage_costs` keeps whole in every part; halving the whole op
+predicted v = 2 schedules short.
 
 An op kind no run executed is scaled from the solo profile: T_BW from T_B + T_W in the
 ratio the profile measured, T_B and T_W from T_BW likewise. Links and memory stay as
@@ -102,12 +102,12 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
         raise CostError(f"no run splits the model into the calibration's {stages} model stages")
     here = measured[stages]
     fixed = _fixed_op_time(here, stages, measured)
-    spread = max((relative_iqr(np.concatenate(v)) for v in pooled.values() if np.median(np.concatenate(v)) > 0),
-                 default=0.0)
+    samples = [np.concatenate(v) for v in pooled.values()]
+    spread = max((relative_iqr(v) for v in samples if np.median(v) > 0), default=0.0)
     new = tuple(_measured_stage(solo, {op: here.get((op, k)) for op in OPS}, k)
                 for k, solo in enumerate(base.model_stages))
     meta = {**base.meta, "from_runs": {"schedules": list(dict.fromkeys(s.name for s, _ in runs)), "steps": len(runs),
-                                       "spread": spread, "samples": int(sum(len(x) for v in pooled.values() for x in v)),
+                                       "spread": spread, "samples": int(sum(len(v) for v in samples)),
                                        "dedicated": dedicated}}
     host = replace(sharing, interference=0.0, host_time_first=True) if dedicated else None
     out = replace(base, stages=new[:1], model_stages=new, host=host, fixed_op_times=fixed, meta=meta).check()
