@@ -31,18 +31,18 @@ Inside a launch of p x d ranks (as `run --dp d` launches them), every rank measu
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 import socket
 import statistics
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipesched.schedules.ir import Schedule
 from pipesched.simulator.costs import CostModel, DataParallel, HostSharing
 from pipesched.simulator.run_costs import costs_from_runs
-from pipesched.simulator.trace import ALLREDUCE
+from pipesched.simulator.data_parallel import allreduce_after_ready
 
 from .calibrate import CalibrationOptions, _free_running
 from .clock import now
@@ -217,21 +217,44 @@ def replica_sharing(costs: CostModel, profile: DataParallelProfile, ranks: int) 
 
 def allreduce_in_runs(profile: DataParallelProfile, link: DataParallel) -> float:
     """How much longer the gradient all-reduces of the calibration runs took than `link`
-    says: the median over their spans of measured over predicted seconds (1 without
-    spans). In a run a rank's all-reduce also waits for the other replicas to be ready,
-    and shares its core with them, which the all-reduces timed alone do not show."""
-    ratios = []
+    says: the median over their buckets of measured over predicted seconds (1 without
+    any), over the buckets the size of the profiled split's own (within 1.5x of the
+    nearest size the runs have): on a shared host a large bucket is slowed more than a
+    small one (docs/data_parallel.md), and the calibration runs at the other split have
+    buckets half or twice the size. Measured from when every replica's copy of the
+    stage was ready (`simulator.data_parallel.allreduce_after_ready`), since the
+    simulation waits for the replicas itself; what is left is the all-reduce sharing
+    its core with the run's compute and the step's other threads, which the
+    all-reduces timed alone do not show."""
+    own = [n for k in sorted(profile.grad_bytes) for n in link.buckets(profile.grad_bytes[k])]
+    samples = []  # (log distance to the nearest own bucket size, measured over predicted)
     for schedule, trace in profile.runs:
-        spans = np.flatnonzero(trace.lane == ALLREDUCE)
-        bucket_bytes = (trace.meta.get("data_parallel") or {}).get("bucket_bytes")
-        run_link = replace(link, bucket_bytes=bucket_bytes)
-        for i in spans.tolist():
-            nbytes = profile.grad_bytes.get(schedule.stages[int(trace.stage[i])].model_stage, 0.0)
-            sizes = run_link.buckets(nbytes)
-            predicted = run_link.allreduce_time(sizes[min(int(trace.mb[i]), len(sizes) - 1)])
-            if predicted > 0:
-                ratios.append((trace.end[i] - trace.start[i]) / predicted)
-    return statistics.median(ratios) if ratios else 1.0
+        stage_bytes = run_grad_bytes(profile, schedule, trace)
+        run_link = replace(link, bucket_bytes=(trace.meta.get("data_parallel") or {}).get("bucket_bytes"))
+        for _, stage, bucket, took in allreduce_after_ready(trace):
+            sizes = run_link.buckets(stage_bytes[schedule.stages[stage].model_stage])
+            nbytes = sizes[min(bucket, len(sizes) - 1)] if sizes else 0.0
+            predicted = run_link.allreduce_time(nbytes)
+            if predicted > 0 and nbytes > 0:
+                near = min((abs(math.log(nbytes / n)) for n in own if n > 0), default=0.0)
+                samples.append((near, took / predicted))
+    if not samples:
+        return 1.0
+    nearest = min(near for near, _ in samples)
+    return statistics.median(r for near, r in samples if near <= nearest + math.log(1.5))
+
+
+def run_grad_bytes(profile: DataParallelProfile, schedule: Schedule, trace) -> list[float]:
+    """Bytes of each model stage's weight gradients in a calibration run of `schedule`:
+    as the run recorded them, else the profile's where the run splits the network as the
+    profile does, else the profile's total split evenly (a run at another split of the
+    same network, `run_calibration.other_split_run`)."""
+    recorded = (trace.meta.get("data_parallel") or {}).get("grad_bytes")
+    if recorded and len(recorded) == schedule.num_model_stages:
+        return [float(n) for n in recorded]
+    if len(profile.grad_bytes) == schedule.num_model_stages:
+        return [float(profile.grad_bytes.get(k, 0.0)) for k in range(schedule.num_model_stages)]
+    return [sum(profile.grad_bytes.values()) / schedule.num_model_stages] * schedule.num_model_stages
 
 
 def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: int,
@@ -248,6 +271,7 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
     own."""
     host = None
     link = DataParallel(profile.degree, profile.latency, profile.bandwidth, bucket_bytes)
+    slower = 1.0
     if profile.runs:  # on shared cores: dedicated work, the p x d ranks simulated sharing them again
         costs = costs_from_runs(costs, profile.runs, host_time=True, sharing=replica_sharing(costs, profile, ranks))
         slower = allreduce_in_runs(profile, link)
@@ -259,7 +283,7 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
                       weight_grad_bytes=profile.grad_bytes.get(k, s.param_bytes))
               for k, s in enumerate(costs.model_stages or ())]
     meta = dict(costs.meta)
-    meta["data_parallel_calibrated"] = profile.to_meta()
+    meta["data_parallel_calibrated"] = {**profile.to_meta(), "allreduce_slower_in_runs": slower}
     return replace(costs, stages=(stages[0],) if stages else costs.stages,
                    model_stages=tuple(stages) if stages else costs.model_stages,
                    host=host if host is not None else costs.host,

@@ -185,7 +185,9 @@ class OpenRun:
         records = self.records[options.warmup:]
         report = RankReport(self.offset, [(r.start - self.offset, r.end - self.offset) for r in records], records,
                             statistics.median(_overhead_per_op(r) for r in records),
-                            sum(p.numel() * p.element_size() for sm in runtime.modules.values() for p in sm.params))
+                            sum(p.numel() * p.element_size() for sm in runtime.modules.values() for p in sm.params),
+                            {k: sum(p.numel() * p.element_size() for p in sm.params if p.requires_grad)
+                             for k, sm in runtime.modules.items()})
         report.grads = self.grads
         if ctx.device.type == "cuda":
             report.cuda_max_memory_allocated = torch.cuda.max_memory_allocated(ctx.device)
@@ -252,6 +254,7 @@ class RankReport:
     steps: list[RankStep]                # every measured step in full
     overhead_per_op: float               # median over steps of host time outside ops and waits, per op
     param_bytes: int
+    grad_bytes: dict[int, int] = field(default_factory=dict)  # model stage -> bytes of its weight gradients
     grads: dict[int, list] | None = None  # model stage -> gradients, when checking
     cuda_max_memory_allocated: int | None = None
 
@@ -286,7 +289,9 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
         "recv_lookahead": 0 if ctx.backend == "nccl" else options.lookahead,  # as the runtime posted receives
     }
     if options.dp > 1:
-        shared["data_parallel"] = {"degree": options.dp, "bucket_bytes": options.bucket_bytes, "lr": options.lr}
+        stage_bytes = {k: n for r in reports for k, n in r.grad_bytes.items()}
+        shared["data_parallel"] = {"degree": options.dp, "bucket_bytes": options.bucket_bytes, "lr": options.lr,
+                                   "grad_bytes": [stage_bytes.get(k, 0) for k in range(sched.num_model_stages)]}
     if ctx.device.type == "cuda":
         shared["cuda_max_memory_allocated"] = [r.cuda_max_memory_allocated for r in reports]
     for i, t in enumerate(traces):  # "started": seconds on rank 0's clock, to order steps of runs in turn

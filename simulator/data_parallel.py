@@ -103,6 +103,43 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
     return out
 
 
+def allreduce_after_ready(trace: Trace) -> list[tuple[int, int, int, float]]:
+    """(rank, virtual stage, bucket, seconds) per all-reduce span of a measured data-
+    parallel `trace`: how long the bucket took once every replica's copy of the stage was
+    ready and the rank's previous bucket had ended, which is what the simulated link
+    must cost (the simulation waits for the replicas itself, `gradients_ready`). A span
+    starts when its own rank's gradients are ready, so it also holds the wait for the
+    other replicas; their readiness comes from meta["replica_compute"], whose spans per
+    global rank are in program order, as the rank's own are (every replica runs the same
+    program). Without those spans (or where they do not match the rank's program), the
+    span's own start counts."""
+    p = trace.ranks
+    comp = np.flatnonzero((trace.lane == COMPUTE) & (trace.op < len(OPS)))
+    others = np.asarray(trace.meta.get("replica_compute") or np.empty((0, 3)), dtype=float).reshape(-1, 3)
+    weight_ops = (OPS.index(W), OPS.index(BW))
+    out = []
+    for r in range(p):
+        own = comp[trace.rank[comp] == r]
+        own = own[np.argsort(trace.start[own], kind="stable")]
+        replica_ends = []
+        for q in sorted({int(g) for g in others[:, 0] if int(g) % p == r and int(g) != r}):
+            theirs = others[others[:, 0] == q]
+            if len(theirs) == len(own):
+                replica_ends.append(theirs[np.argsort(theirs[:, 1], kind="stable"), 2])
+        spans = np.flatnonzero((trace.lane == ALLREDUCE) & (trace.rank == r))
+        previous = -np.inf
+        for i in spans[np.argsort(trace.start[spans], kind="stable")].tolist():
+            last = [k for k, j in enumerate(own.tolist())
+                    if trace.stage[j] == trace.stage[i] and trace.op[j] in weight_ops]
+            ready = float(trace.start[i])
+            if last:
+                ready = max([ready] + [float(ends[last[-1]]) for ends in replica_ends])
+            began = max(ready, previous)
+            out.append((r, int(trace.stage[i]), int(trace.mb[i]), max(0.0, float(trace.end[i]) - began)))
+            previous = float(trace.end[i])
+    return out
+
+
 def _tail_durations(trace: Trace) -> dict[tuple[int, int, int, int], float]:
     """(rank, lane, virtual stage, bucket) -> seconds of each all-reduce (lane ALLREDUCE)
     and optimizer step (lane COMPUTE, bucket 0) of `trace`'s tail."""

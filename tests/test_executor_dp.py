@@ -61,6 +61,10 @@ def test_gradients_are_the_whole_batchs_on_every_replica(results, case):
     # the reference ran the whole batch: d x m microbatches, not one replica's m
     schedule = next(s for c, s, _ in CASES if c == case)
     assert r.trace.microbatches == schedule.microbatches and r.trace.meta["data_parallel"]["degree"] == 2
+    # each model stage's gradient bytes, as its all-reduce carries them
+    built = MLP64.build(schedule.num_model_stages, 2 * schedule.microbatches)
+    assert r.trace.meta["data_parallel"]["grad_bytes"] == [
+        sum(q.numel() * q.element_size() for q in stage.parameters() if q.requires_grad) for stage in built.stages]
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])

@@ -1,5 +1,7 @@
 """Data-parallel replicas that share a host: the replicated schedule, the DES of every
 replica together, and how calibration describes the sharing."""
+from dataclasses import replace
+
 import pytest
 
 from pipesched.schedules.ir import ScheduleError, Task
@@ -7,6 +9,7 @@ from pipesched.schedules.registry import build
 from pipesched.schedules.replicas import replicate
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
+from pipesched.simulator.data_parallel import allreduce_after_ready
 from pipesched.simulator.costs import CostModel, DataParallel, HostSharing, StageCost
 from pipesched.simulator.metrics import compute_metrics
 from pipesched.simulator.trace import ALLREDUCE, COMPUTE, Span, Trace
@@ -82,6 +85,22 @@ def test_an_allreduce_waits_for_the_latest_replica():
     assert compute_metrics(trace).makespan > compute_metrics(simulate(s, costs(None))).makespan
 
 
+def test_an_allreduce_costs_from_when_every_replica_is_ready():
+    # rank 0's W of stage 0 ends at 3, its replica's (global rank 2, same program) at 4:
+    # bucket 0 (3..6) costs 2 s after both are ready, bucket 1 (6..7) 1 s; rank 1 has
+    # no replica spans that match its program, so its span counts whole
+    spans = [Span(0, COMPUTE, "F", 0, 0, 0.0, 1.0), Span(0, COMPUTE, "B", 0, 0, 1.0, 2.0),
+             Span(0, COMPUTE, "W", 0, 0, 2.0, 3.0), Span(0, ALLREDUCE, "W", 0, 0, 3.0, 6.0),
+             Span(0, ALLREDUCE, "W", 1, 0, 6.0, 7.0),
+             Span(1, COMPUTE, "F", 0, 1, 1.0, 2.0), Span(1, COMPUTE, "BW", 0, 1, 2.0, 3.0),
+             Span(1, ALLREDUCE, "BW", 0, 1, 3.0, 3.5)]
+    trace = Trace.from_spans("zb-h1", 2, 1, "measured", spans)
+    trace.meta["replica_compute"] = [[2, 0.0, 1.5], [2, 1.5, 2.5], [2, 2.5, 4.0], [3, 1.0, 2.0]]
+    assert allreduce_after_ready(trace) == [(0, 0, 0, 2.0), (0, 0, 1, 1.0), (1, 1, 0, 0.5)]
+    trace.meta.pop("replica_compute")
+    assert allreduce_after_ready(trace) == [(0, 0, 0, 3.0), (0, 0, 1, 1.0), (1, 1, 0, 0.5)]
+
+
 torch = pytest.importorskip("torch")
 from pipesched.executor.dp_calibrate import (DataParallelProfile, allreduce_in_runs, cores_shared,  # noqa: E402
                                              replica_sharing, with_data_parallel)
@@ -119,3 +138,17 @@ def test_allreduces_in_runs_scale_the_link():
     link = DataParallel(2, 0.0, 1e9)
     assert allreduce_in_runs(p, link) == pytest.approx(3.0)
     assert allreduce_in_runs(profile(2.0), link) == 1.0
+
+
+def test_the_link_is_slowed_as_buckets_of_the_profiled_size_were():
+    # a run at the other split (4 model stages: 0.5e6 bytes each, 0.5 ms at 1 GB/s) took
+    # 10x; the profiled split's buckets are 1e6 bytes, so only the 1F1B run's x 3 counts,
+    # and a split of 0.5e6-byte buckets takes the other run's x 10
+    s, v = build("1f1b", 2, 2), build("zb-v", 2, 2)
+    spans = [Span(0, ALLREDUCE, "BW", 0, 0, 1.0, 1.002), Span(1, ALLREDUCE, "BW", 0, 1, 1.0, 1.004)]
+    other = [Span(0, ALLREDUCE, "W", 0, 3, 1.0, 1.005), Span(1, ALLREDUCE, "W", 0, 2, 1.0, 1.005)]
+    runs = [(s, Trace.from_spans("1f1b", 2, 2, "measured", spans)), (v, Trace.from_spans("zb-v", 2, 2, "measured", other))]
+    link = DataParallel(2, 0.0, 1e9)
+    assert allreduce_in_runs(profile(2.0, runs=runs), link) == pytest.approx(3.0)
+    small = replace(profile(2.0, runs=runs), grad_bytes={k: 5e5 for k in range(4)})
+    assert allreduce_in_runs(small, link) == pytest.approx(10.0)
