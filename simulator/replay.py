@@ -17,8 +17,9 @@ is the simulator's own error.
   arrive by the time it was taken. Traces without that record keep the link times.
 - Host time outside ops: `host="run"` fits the runtime's four host costs (per op, send,
   receive posted, receive taken) to the run's own gaps between ops that waited for
-  nothing (`fit_host_time`; the cost model's where the trace lacks the record);
-  `host="costs"` keeps the cost model's calibrated ones.
+  nothing, then scales them per rank to that rank's gaps (`host_time_by_rank`; the cost
+  model's where the trace lacks the record); `host="costs"` keeps the cost model's
+  calibrated ones.
 - The data-parallel step tail: each all-reduce bucket and optimizer step takes what the
   run measured (an all-reduce's span holds its wait for the other replicas), in the
   order and on the link the simulator gives them. Memory comes from the cost model
@@ -35,7 +36,7 @@ from pipesched.schedules.graph import LOCAL, TaskGraph
 from pipesched.schedules.ir import OPS, Schedule
 from pipesched.schedules.validate import validate
 
-from .costs import CostModel
+from .costs import CostModel, HostOverhead
 from .data_parallel import add_step_tail, has_tail
 from .exact import longest_path
 from .posting import first_task_of_units, receive_posts
@@ -165,6 +166,13 @@ def host_time_gaps(graph: TaskGraph, measured: Trace, lookahead: int) -> tuple[n
     did: (1, sends posted after the first unit, receives posted before the second,
     inputs the second took). None without the run's receive takes. Receives posted
     `lookahead` units ahead, as the run posted them."""
+    found = _host_gaps(graph, measured, lookahead)
+    return None if found is None else found[:2]
+
+
+def _host_gaps(graph: TaskGraph, measured: Trace, lookahead: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`host_time_gaps` and the rank of each gap."""
     waits = receive_waits(graph, measured)
     if waits is None:
         return None
@@ -188,7 +196,8 @@ def host_time_gaps(graph: TaskGraph, measured: Trace, lookahead: int) -> tuple[n
     keep[1:] &= rank_of_unit[1:] == rank_of_unit[:-1]
     u = unit[keep]
     gaps = measured.start[spans[first_task[u]]] - measured.end[spans[last_task[u - 1]]]
-    return np.column_stack((np.ones(len(u)), sends[u - 1], posted[u], taken[u])).astype(float), gaps
+    rows = np.column_stack((np.ones(len(u)), sends[u - 1], posted[u], taken[u])).astype(float)
+    return rows, gaps, rank_of_unit[u]
 
 
 def fit_host_time(graph: TaskGraph, measured: Trace, costs: CostModel) -> CostModel:
@@ -197,6 +206,31 @@ def fit_host_time(graph: TaskGraph, measured: Trace, costs: CostModel) -> CostMo
     of its `host_time_gaps`. `costs` unchanged without receive takes."""
     found = host_time_gaps(graph, measured, costs.recv_lookahead)
     return costs if found is None else fit_host_gaps(costs, *found)
+
+
+def host_time_by_rank(graph: TaskGraph, measured: Trace, costs: CostModel) -> list[HostOverhead] | None:
+    """Per rank, the host costs of `fit_host_time` (fitted to every rank's gaps) scaled
+    so that they add up to that rank's own gaps (ranks with fewer than 4 gaps keep the
+    common fit). Ranks host the same bookkeeping, but where they share cores a rank's
+    gaps stretch by what its core's other ranks compute meanwhile, which differs by
+    rank; a fit of four costs per rank from a few dozen gaps overfits (docs/accuracy.md).
+    None without the run's receive takes or with fewer than 8 gaps."""
+    found = _host_gaps(graph, measured, costs.recv_lookahead)
+    if found is None:
+        return None
+    rows, gaps, ranks = found
+    if len(gaps) < 8:
+        return None
+    o = fit_host_gaps(costs, rows, gaps).host_overhead
+    coef = np.array([o.per_op, o.per_send, o.per_recv, o.per_take])
+    out = []
+    for r in range(graph.schedule.ranks):
+        mine = ranks == r
+        modelled = float((rows[mine] @ coef).sum())
+        k = float(gaps[mine].sum()) / modelled if mine.sum() >= 4 and modelled > 0 else 1.0
+        out.append(replace(o, per_op=o.per_op * k, per_send=o.per_send * k, per_recv=o.per_recv * k,
+                           per_take=o.per_take * k, send_start=None if o.send_start is None else o.send_start * k))
+    return out
 
 
 def fit_host_gaps(costs: CostModel, rows: np.ndarray, gaps: np.ndarray) -> CostModel:
@@ -233,15 +267,16 @@ def replay(schedule: Schedule | TaskGraph, measured: Trace, costs: CostModel, pe
     graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
     times = measured_task_times(graph, measured, per)  # a trace of another schedule fails here
     costs = replace(costs, host=None)
+    by_rank = None
     if host == "run":
-        costs = fit_host_time(graph, measured, costs)
-    timing = resolve(graph, costs, task_times=times)
+        by_rank = host_time_by_rank(graph, measured, costs)
+    timing = resolve(graph, costs, task_times=times, host_by_rank=by_rank)
     edge_times = measured_edge_times(graph, measured, timing) if transfers else None
     if edge_times is not None:
-        timing = resolve(graph, costs, task_times=timing.task_time, edge_times=edge_times)
+        timing = resolve(graph, costs, task_times=timing.task_time, edge_times=edge_times, host_by_rank=by_rank)
     trace = to_trace(graph, timing, longest_path(graph, timing),
                      {"engine": "exact", "replay": per, "replayed_transfers": edge_times is not None,
-                      "host_from_run": "host_from_run" in costs.meta})
+                      "host_from_run": by_rank is not None})
     if has_tail(timing.stage_costs, costs.data_parallel):  # all-reduces and optimizer as the run measured them
         trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel, measured=measured)
     return trace

@@ -7,14 +7,14 @@ the common Trace. Keeping these in one place is what makes the engines comparabl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from pipesched.schedules.graph import GRADIENT, LOCAL, TaskGraph
 from pipesched.schedules.ir import BW, F, OPS, W
 
-from .costs import CostModel, StageCost
+from .costs import CostModel, HostOverhead, StageCost
 from .memory import buffer_intervals, memory_samples
 from .posting import receive_posts
 from .trace import COMPUTE, RECV, SEND, Trace
@@ -67,13 +67,15 @@ class Timeline:
 
 def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
             rng: np.random.Generator | None = None, task_times: np.ndarray | None = None,
-            edge_times: np.ndarray | None = None) -> Timing:
+            edge_times: np.ndarray | None = None, host_by_rank: Sequence[HostOverhead] | None = None
+            ) -> Timing:
     """Apply `costs` to `graph`. With noise_cv > 0, every op and transfer time is
     multiplied by an independent lognormal factor of mean 1 and that coefficient of
     variation (drawn from `rng`). `task_times` (seconds per task id, e.g. the durations a
     run measured: see `simulator.replay`) replaces the op times the cost model gives,
     op overhead and cheaper first backwards included; `edge_times` (seconds per edge id)
-    likewise replaces the transfer times of the edges between ranks."""
+    likewise replaces the transfer times of the edges between ranks; `host_by_rank` (one
+    per rank) the cost model's host time outside ops on each rank."""
     sched = graph.schedule
     col = graph.columns()
     stage_costs = costs.model_stage_costs(sched.ranks, sched.num_model_stages)
@@ -99,9 +101,12 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
         task_time = task_time * factors[:len(task_time)]
         edge_time = edge_time * factors[len(task_time):]
     posts = None
-    if costs.comm_buffers or costs.host_overhead.per_recv:
+    if host_by_rank is not None and len(host_by_rank) != sched.ranks:
+        raise ValueError(f"host_by_rank needs one host overhead per rank ({sched.ranks}), got {len(host_by_rank)}")
+    overheads = list(host_by_rank) if host_by_rank is not None else [costs.host_overhead]
+    if costs.comm_buffers or any(o.per_recv for o in overheads):
         posts = receive_posts(graph, costs.recv_lookahead)
-    task_host = _host_time(graph, costs, edge_link, posts) if costs.host_overhead.any else None
+    task_host = _host_time_by_rank(graph, overheads, edge_link, posts) if any(o.any for o in overheads) else None
     unit_time, task_offset, task_len, host = _units(graph, costs, task_time, edge_link, task_host)
     return Timing(task_time, unit_time, task_offset, task_len, costs.overlap == 0, edge_time, edge_bytes, edge_link,
                   links, costs.contention, costs.blocking_sends, stage_costs, costs.comm_buffers, posts, host)
@@ -207,12 +212,29 @@ class _TaskHostTime(NamedTuple):
     send_offset: np.ndarray
 
 
-def _host_time(graph: TaskGraph, costs: CostModel, edge_link: np.ndarray, posts: np.ndarray | None
+def _host_time_by_rank(graph: TaskGraph, overheads: list[HostOverhead], edge_link: np.ndarray,
+                       posts: np.ndarray | None) -> _TaskHostTime:
+    """`_host_time` with one host overhead for every rank, or one per rank (each task,
+    unit and send then takes its own rank's)."""
+    parts = [_host_time(graph, o, edge_link, posts) for o in overheads]
+    if len(parts) == 1:
+        return parts[0]
+    col = graph.columns()
+    task_rank = col["rank"]
+    unit_rank = np.asarray(graph.unit_rank, dtype=np.int64)
+
+    def pick(by, field):
+        return np.choose(by, [getattr(part, field) for part in parts])
+
+    return _TaskHostTime(pick(unit_rank, "pre"), pick(unit_rank, "take"), pick(task_rank, "post"),
+                         pick(task_rank[col["edge_src"]], "send_offset"))
+
+
+def _host_time(graph: TaskGraph, o: HostOverhead, edge_link: np.ndarray, posts: np.ndarray | None
                ) -> _TaskHostTime:
     """Per task, host time after it: bookkeeping then posting each of its sends in turn;
     per edge, when its data can leave after its task's end; per unit, posting the
     receives the executor posts before it and taking its arrived inputs."""
-    o = costs.host_overhead
     col = graph.columns()
     n_tasks = len(col["op"])
     xfer = np.flatnonzero(edge_link >= 0)

@@ -22,25 +22,26 @@ def close(a: float, b: float, rel: float = 1e-9) -> bool:
     return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
 
 
-def run_with_receive_takes(schedule: Schedule, costs: CostModel):
+def run_with_receive_takes(schedule: Schedule, costs: CostModel, host_by_rank=None):
     """A simulated 'run' of `schedule` recording what the executor records about receives
     (meta["receive_takes"]: when each consumer began to take its inputs, its rank ready
     after the last op's end, its bookkeeping and sends and the receives posted before
     it; a receive span ending when the data was there and taken), so that host time can
-    be read back from it. Returns (graph, trace); exact only with replay.WAIT_MARGIN 0."""
+    be read back from it. Returns (graph, trace); exact only with replay.WAIT_MARGIN 0.
+    `host_by_rank`: each rank's own host costs (`timing.resolve`)."""
     import numpy as np
     from dataclasses import replace
 
     from pipesched.schedules.graph import LOCAL
     from pipesched.schedules.ir import OPS
     from pipesched.simulator.exact import longest_path
-    from pipesched.simulator.timing import resolve
+    from pipesched.simulator.timing import resolve, to_trace
     from pipesched.simulator.trace import RECV
 
     graph = validate(schedule)
-    timing = resolve(graph, costs)
+    timing = resolve(graph, costs, host_by_rank=host_by_rank)
     timeline = longest_path(graph, timing)
-    trace = simulate(graph, costs, engine="exact")
+    trace = to_trace(graph, timing, timeline) if host_by_rank is not None else simulate(graph, costs, engine="exact")
     col = graph.columns()
     first = {ids[0] for ids in graph.rank_units if ids}
     takes, recv = [], replace(trace, end=trace.end.copy())

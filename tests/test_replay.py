@@ -99,6 +99,33 @@ def test_host_time_is_read_back_from_a_run(monkeypatch):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
 
 
+def test_a_replay_gives_each_rank_its_own_host_time(monkeypatch):
+    """Ranks whose host time differs by a factor (as core sharing stretches it): each
+    rank's host costs add up to its own gaps; ranks alike keep the common fit, exact."""
+    import pipesched.simulator.replay as replay_module
+
+    monkeypatch.setattr(replay_module, "WAIT_MARGIN", 0.0)
+    base = HostOverhead(per_op=40e-6, per_send=250e-6, per_recv=120e-6, per_take=30e-6)
+    truth = [replace(base, per_op=base.per_op * k, per_send=base.per_send * k, per_recv=base.per_recv * k,
+                     per_take=base.per_take * k) for k in (1.0, 3.0, 1.0, 2.0)]
+    costs = replace(COSTS, host_overhead=base, recv_lookahead=2)
+    schedule = build("1f1b", 4, 8)
+    graph, run = run_with_receive_takes(schedule, costs, host_by_rank=truth)
+    rows, gaps, ranks = replay_module._host_gaps(graph, run, 2)
+    fitted = replay_module.host_time_by_rank(graph, run, costs)
+    for r, o in enumerate(fitted):
+        coef = np.array([o.per_op, o.per_send, o.per_recv, o.per_take])
+        assert (rows[ranks == r] @ coef).sum() == pytest.approx(gaps[ranks == r].sum(), rel=1e-9)
+    assert fitted[1].per_op > fitted[3].per_op > fitted[0].per_op
+    assert replay(schedule, run, replace(costs, host_overhead=HostOverhead())).meta["host_from_run"]
+
+    graph, alike = run_with_receive_takes(schedule, costs, host_by_rank=[base] * 4)
+    for o in replay_module.host_time_by_rank(graph, alike, costs):
+        assert o.per_send == pytest.approx(base.per_send, rel=1e-6) and o.per_op == pytest.approx(base.per_op, rel=1e-6)
+    again = replay(schedule, alike, replace(costs, host_overhead=HostOverhead()))
+    assert compute_metrics(again).makespan == pytest.approx(compute_metrics(alike).makespan, rel=1e-9)
+
+
 def test_a_data_parallel_replay_takes_each_all_reduce_and_optimizer_step_as_measured():
     from pipesched.simulator.costs import CostModel, DataParallel, StageCost
     from pipesched.simulator.trace import ALLREDUCE
