@@ -43,7 +43,10 @@ def print_costs(costs: CostModel) -> None:
         slow = calibrated.get("replica_slowdown", {})
         use = (" (the replicas are simulated sharing the cores, below)" if costs.host is not None and costs.host.pinned
                else " (op times scaled by it)")
-        factors = (f"; op times from runs of every replica ({', '.join(calibrated['runs'])})" if calibrated.get("runs")
+        slower = calibrated.get("allreduce_slower_in_runs", 1.0)
+        factors = (f"; op times from runs of every replica ({', '.join(calibrated['runs'])})"
+                   + (f"; the link x {slower:.2f} slower, as their all-reduces of this split's bucket size ran"
+                      if slower != 1.0 else "") if calibrated.get("runs")
                    else f"; free-running with every replica computing, ops ran x "
                         f"{', '.join(f'{v:.2f}' for v in slow.values())} per stage{use}" if slow else "")
         print(f"data parallel: {dp.degree} replicas, all-reduce latency {fmt_seconds(dp.latency)} per ring step, "

@@ -33,6 +33,8 @@ def without_timing(text: str) -> list[str]:
     # drawn fresh after op times at two splits and dedicated work on shared cores (2026-11-25)
     ("accuracy_random.py", "accuracy_random_seed2029_runs.json.gz", "accuracy_random_seed2029.txt"),
     ("accuracy_random.py", "accuracy_random_seed2030_runs.json.gz", "accuracy_random_seed2030.txt"),
+    # drawn fresh after host time per rank in replays (2026-11-25, second session)
+    ("accuracy_random.py", "accuracy_random_seed2031_runs.json.gz", "accuracy_random_seed2031.txt"),
 ])
 def test_saved_runs_reproduce_the_recorded_accuracy(script, runs, recorded):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--from-runs",
