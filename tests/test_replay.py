@@ -119,6 +119,10 @@ def test_a_replay_gives_each_rank_its_own_host_time(monkeypatch):
     assert fitted[1].per_op > fitted[3].per_op > fitted[0].per_op
     assert replay(schedule, run, replace(costs, host_overhead=HostOverhead())).meta["host_from_run"]
 
+    from pipesched.simulator.timing import resolve
+    with pytest.raises(ValueError, match="one host overhead per rank"):
+        resolve(graph, costs, host_by_rank=[base] * 3)
+
     graph, alike = run_with_receive_takes(schedule, costs, host_by_rank=[base] * 4)
     for o in replay_module.host_time_by_rank(graph, alike, costs):
         assert o.per_send == pytest.approx(base.per_send, rel=1e-6) and o.per_op == pytest.approx(base.per_op, rel=1e-6)
