@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipesched.schedules import fileformat, torch_format
 from pipesched.schedules.ir import Schedule
-from pipesched.schedules.registry import BUILDERS, build, check_size
+from pipesched.schedules.registry import BUILDERS, build, check_known, check_size
 from pipesched.simulator import costs as cost_files
 from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 from pipesched.simulator.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
@@ -126,6 +126,8 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
         schedule = with_recompute(schedule, costs, recompute)
         check_fits(schedule, costs, budget)
         return schedule
+    if not builtin and not spec.startswith("torch:"):
+        check_known(spec)  # a misspelt name is said as such before the missing -p/-m
     if ranks is None or microbatches is None:
         raise UsageError(f"schedule {spec!r} needs -p RANKS and -m MICROBATCHES")
     if spec.startswith("torch:"):

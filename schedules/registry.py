@@ -82,6 +82,12 @@ def _is_count(x: object) -> bool:
     return is_int(x)
 
 
+def check_known(name: str) -> None:
+    """ScheduleError naming the built-ins unless `name` is one of them."""
+    if name not in BUILDERS:
+        raise ScheduleError(f"unknown schedule {name!r}; built-in schedules are {', '.join(BUILDERS)}")
+
+
 def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
           op_time: OpTime | None = None, max_activations: float | None = None,
           score: Score | None = None, builtins: list[Schedule] | None = None) -> Schedule:
@@ -90,9 +96,8 @@ def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
     order ops for those durations. `max_activations` (microbatches of one pipeline
     stage), `score` and `builtins` are for searching builders (zb-auto, see
     schedules.zb_auto); the others ignore them (callers check their memory)."""
-    builder = BUILDERS.get(name)
-    if builder is None:
-        raise ScheduleError(f"unknown schedule {name!r}; built-in schedules are {', '.join(BUILDERS)}")
+    check_known(name)
+    builder = BUILDERS[name]
     kwargs: dict = {"op_time": op_time} if builder.adapts_to_costs else {}
     if builder.searches:
         if all(_is_count(x) and x > 0 for x in (ranks, microbatches)):

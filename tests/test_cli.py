@@ -63,6 +63,7 @@ def test_simulate_a_file_with_costs_and_stochastic_runs(capsys, tmp_path):
     (["simulate", "nope", "-p", "2", "-m", "2"], "unknown schedule 'nope'"),
     (["simulate", "dualpipe", "-p", "3", "-m", "6"], "even number of ranks, got 3"),
     (["simulate", "1f1b", "-p", "2"], "needs -p RANKS and -m MICROBATCHES"),
+    (["simulate", "1fb1"], "unknown schedule '1fb1'; built-in schedules are"),
     (["simulate", "1f1b", "-p", "two", "-m", "2"], "invalid int value"),
     (["simulate", "1f1b", "-p", "2", "-m", "2", "--f", "-1"], "forward must be finite and >= 0"),
     (["simulate", "1f1b", "-p", "2", "-m", "2", "--bandwidth", "0"], "bandwidth must be > 0"),
