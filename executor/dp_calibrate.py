@@ -42,6 +42,7 @@ import torch.distributed as dist
 from pipesched.schedules.ir import Schedule
 from pipesched.simulator.costs import CostModel, DataParallel, HostSharing
 from pipesched.simulator.run_costs import costs_from_runs
+from pipesched.simulator.trace import Trace
 from pipesched.simulator.data_parallel import allreduce_after_ready
 
 from .calibrate import CalibrationOptions, _free_running
@@ -244,7 +245,7 @@ def allreduce_in_runs(profile: DataParallelProfile, link: DataParallel) -> float
     return statistics.median(r for near, r in samples if near <= nearest + math.log(1.5))
 
 
-def run_grad_bytes(profile: DataParallelProfile, schedule: Schedule, trace) -> list[float]:
+def run_grad_bytes(profile: DataParallelProfile, schedule: Schedule, trace: Trace) -> list[float]:
     """Bytes of each model stage's weight gradients in a calibration run of `schedule`:
     as the run recorded them, else the profile's where the run splits the network as the
     profile does, else the profile's total split evenly (a run at another split of the

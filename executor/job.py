@@ -183,11 +183,10 @@ class OpenRun:
         the RunResult (None elsewhere). Call after `close`."""
         ctx, options, runtime = self.ctx, self.options, self.runtime
         records = self.records[options.warmup:]
+        stage_bytes = {k: sum(p.numel() * p.element_size() for p in sm.params) for k, sm in runtime.modules.items()}
         report = RankReport(self.offset, [(r.start - self.offset, r.end - self.offset) for r in records], records,
-                            statistics.median(_overhead_per_op(r) for r in records),
-                            sum(p.numel() * p.element_size() for sm in runtime.modules.values() for p in sm.params),
-                            {k: sum(p.numel() * p.element_size() for p in sm.params if p.requires_grad)
-                             for k, sm in runtime.modules.items()})
+                            statistics.median(_overhead_per_op(r) for r in records), sum(stage_bytes.values()),
+                            stage_bytes)
         report.grads = self.grads
         if ctx.device.type == "cuda":
             report.cuda_max_memory_allocated = torch.cuda.max_memory_allocated(ctx.device)
@@ -253,8 +252,8 @@ class RankReport:
     bounds: list[tuple[float, float]]    # (start, end) of each measured step
     steps: list[RankStep]                # every measured step in full
     overhead_per_op: float               # median over steps of host time outside ops and waits, per op
-    param_bytes: int
-    grad_bytes: dict[int, int] = field(default_factory=dict)  # model stage -> bytes of its weight gradients
+    param_bytes: int                     # trainable parameters (and so weight gradients), bytes
+    grad_bytes: dict[int, int] = field(default_factory=dict)  # the same per model stage
     grads: dict[int, list] | None = None  # model stage -> gradients, when checking
     cuda_max_memory_allocated: int | None = None
 

@@ -43,12 +43,15 @@ def print_costs(costs: CostModel) -> None:
         slow = calibrated.get("replica_slowdown", {})
         use = (" (the replicas are simulated sharing the cores, below)" if costs.host is not None and costs.host.pinned
                else " (op times scaled by it)")
-        slower = calibrated.get("allreduce_slower_in_runs", 1.0)
-        factors = (f"; op times from runs of every replica ({', '.join(calibrated['runs'])})"
-                   + (f"; the link x {slower:.2f} slower, as their all-reduces of this split's bucket size ran"
-                      if slower != 1.0 else "") if calibrated.get("runs")
-                   else f"; free-running with every replica computing, ops ran x "
-                        f"{', '.join(f'{v:.2f}' for v in slow.values())} per stage{use}" if slow else "")
+        factors = ""
+        if calibrated.get("runs"):
+            factors = f"; op times from runs of every replica ({', '.join(calibrated['runs'])})"
+            slower = calibrated.get("allreduce_slower_in_runs", 1.0)
+            if slower != 1.0:
+                factors += f"; the link x {slower:.2f} slower, as their all-reduces of this split's bucket size ran"
+        elif slow:
+            factors = (f"; free-running with every replica computing, ops ran x "
+                       f"{', '.join(f'{v:.2f}' for v in slow.values())} per stage{use}")
         print(f"data parallel: {dp.degree} replicas, all-reduce latency {fmt_seconds(dp.latency)} per ring step, "
               f"bandwidth {bw}; optimizer "
               f"{', '.join(fmt_seconds(s.optimizer_time) for s in costs.model_stages or costs.stages)}{factors}")

@@ -338,6 +338,11 @@ class HostOverhead:
             raise CostError(f"host_overhead.send_start ({self.send_start}) exceeds per_send ({self.per_send})")
         return self
 
+    def scaled(self, factor: float) -> "HostOverhead":
+        """Every host time `factor` times as long."""
+        return HostOverhead(self.per_op * factor, self.per_send * factor, self.per_recv * factor,
+                            None if self.send_start is None else self.send_start * factor, self.per_take * factor)
+
     @property
     def send_leaves(self) -> float:
         """Seconds into a send's posting when its data can leave."""

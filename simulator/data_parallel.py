@@ -32,6 +32,7 @@ import numpy as np
 from pipesched.schedules.ir import BW, OPS, W, Schedule
 
 from .costs import DataParallel, StageCost
+from .dedicated import replica_compute
 from .trace import ALLREDUCE, COMPUTE, OPTIMIZER, SPAN_OPS, Trace
 
 
@@ -115,7 +116,7 @@ def allreduce_after_ready(trace: Trace) -> list[tuple[int, int, int, float]]:
     span's own start counts."""
     p = trace.ranks
     comp = np.flatnonzero((trace.lane == COMPUTE) & (trace.op < len(OPS)))
-    others = np.asarray(trace.meta.get("replica_compute") or np.empty((0, 3)), dtype=float).reshape(-1, 3)
+    others = replica_compute(trace)
     weight_ops = (OPS.index(W), OPS.index(BW))
     out = []
     for r in range(p):

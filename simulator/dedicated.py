@@ -38,6 +38,13 @@ def world_ranks(trace: Trace) -> int:
     return trace.ranks * int((trace.meta.get("data_parallel") or {}).get("degree", 1))
 
 
+def replica_compute(trace: Trace) -> np.ndarray:
+    """The other replicas' compute spans of a data-parallel trace, rows of (global rank,
+    start, end) seconds, each rank's in program order (meta["replica_compute"]); none
+    without them."""
+    return np.asarray(trace.meta.get("replica_compute") or np.empty((0, 3)), dtype=float).reshape(-1, 3)
+
+
 def dedicated_durations(trace: Trace, sharing: HostSharing) -> np.ndarray:
     """Per span of `trace`, seconds: a compute span's dedicated work with its core's other
     ranks' compute spans undone (see the module docstring; cores as `sharing` pins them),
@@ -48,7 +55,7 @@ def dedicated_durations(trace: Trace, sharing: HostSharing) -> np.ndarray:
     cores = int(sharing.capacity)
     slow = 1.0 + sharing.switching
     comp = np.flatnonzero((trace.lane == COMPUTE) & (trace.op < len(OPS)))
-    others = np.asarray(trace.meta.get("replica_compute") or np.empty((0, 3)), dtype=float).reshape(-1, 3)
+    others = replica_compute(trace)
     rank = np.concatenate((trace.rank[comp], others[:, 0].astype(np.int64)))
     start = np.concatenate((trace.start[comp], others[:, 1]))
     end = np.concatenate((trace.end[comp], others[:, 2]))

@@ -228,8 +228,7 @@ def host_time_by_rank(graph: TaskGraph, measured: Trace, costs: CostModel) -> li
         mine = ranks == r
         modelled = float((rows[mine] @ coef).sum())
         k = float(gaps[mine].sum()) / modelled if mine.sum() >= 4 and modelled > 0 else 1.0
-        out.append(replace(o, per_op=o.per_op * k, per_send=o.per_send * k, per_recv=o.per_recv * k,
-                           per_take=o.per_take * k, send_start=None if o.send_start is None else o.send_start * k))
+        out.append(o.scaled(k))
     return out
 
 

@@ -106,7 +106,7 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
     overheads = list(host_by_rank) if host_by_rank is not None else [costs.host_overhead]
     if costs.comm_buffers or any(o.per_recv for o in overheads):
         posts = receive_posts(graph, costs.recv_lookahead)
-    task_host = _host_time_by_rank(graph, overheads, edge_link, posts) if any(o.any for o in overheads) else None
+    task_host = _host_time(graph, overheads, edge_link, posts) if any(o.any for o in overheads) else None
     unit_time, task_offset, task_len, host = _units(graph, costs, task_time, edge_link, task_host)
     return Timing(task_time, unit_time, task_offset, task_len, costs.overlap == 0, edge_time, edge_bytes, edge_link,
                   links, costs.contention, costs.blocking_sends, stage_costs, costs.comm_buffers, posts, host)
@@ -212,52 +212,35 @@ class _TaskHostTime(NamedTuple):
     send_offset: np.ndarray
 
 
-def _host_time_by_rank(graph: TaskGraph, overheads: list[HostOverhead], edge_link: np.ndarray,
-                       posts: np.ndarray | None) -> _TaskHostTime:
-    """`_host_time` with one host overhead for every rank, or one per rank (each task,
-    unit and send then takes its own rank's)."""
-    parts = [_host_time(graph, o, edge_link, posts) for o in overheads]
-    if len(parts) == 1:
-        return parts[0]
-    col = graph.columns()
-    task_rank = col["rank"]
-    unit_rank = np.asarray(graph.unit_rank, dtype=np.int64)
-
-    def pick(by, field):
-        return np.choose(by, [getattr(part, field) for part in parts])
-
-    return _TaskHostTime(pick(unit_rank, "pre"), pick(unit_rank, "take"), pick(task_rank, "post"),
-                         pick(task_rank[col["edge_src"]], "send_offset"))
-
-
-def _host_time(graph: TaskGraph, o: HostOverhead, edge_link: np.ndarray, posts: np.ndarray | None
-               ) -> _TaskHostTime:
+def _host_time(graph: TaskGraph, overheads: Sequence[HostOverhead], edge_link: np.ndarray,
+               posts: np.ndarray | None) -> _TaskHostTime:
     """Per task, host time after it: bookkeeping then posting each of its sends in turn;
     per edge, when its data can leave after its task's end; per unit, posting the
-    receives the executor posts before it and taking its arrived inputs."""
+    receives the executor posts before it and taking its arrived inputs. `overheads`:
+    one for every rank, or one per rank (each task, unit and send takes its rank's)."""
     col = graph.columns()
     n_tasks = len(col["op"])
+    per_rank = np.array([[o.per_op, o.per_send, o.send_leaves, o.per_take, o.per_recv] for o in overheads])
+    per_op, per_send, leaves, per_take, per_recv = np.broadcast_to(per_rank, (graph.schedule.ranks, 5)).T
     xfer = np.flatnonzero(edge_link >= 0)
     src = col["edge_src"][xfer]
-    # the k-th send of a task is posted after k others: a running sum, added up as the runtime does
-    by_src = np.argsort(src, kind="stable")  # a task's sends in edge order, as it posts them
+    # the k-th send of a task is posted after k others, as the runtime posts them
+    by_src = np.argsort(src, kind="stable")  # a task's sends in edge order
     turn = np.empty(len(xfer), dtype=np.int64)
     turn[by_src] = np.arange(len(xfer)) - np.searchsorted(src[by_src], src[by_src])
     sends = np.bincount(src, minlength=n_tasks)
-    done = [o.per_op]
-    for _ in range(int(sends.max(initial=0))):
-        done.append(done[-1] + o.per_send)
-    done = np.asarray(done)
+    sender = col["rank"][src]
     send_offset = np.zeros(len(edge_link))
-    send_offset[xfer] = done[turn] + o.send_leaves
-    task_post = done[sends]
+    send_offset[xfer] = per_op[sender] + turn * per_send[sender] + leaves[sender]
+    task_post = per_op[col["rank"]] + sends * per_send[col["rank"]]
+    receiver = col["rank"][col["edge_dst"][xfer]]
     consumer = col["unit"][col["edge_dst"][xfer]]
-    take = np.bincount(consumer, weights=np.full(len(xfer), o.per_take), minlength=len(graph.units))
+    take = np.bincount(consumer, weights=per_take[receiver], minlength=len(graph.units))
     pre = np.zeros(len(graph.units))
-    if posts is not None and o.per_recv:
+    if posts is not None and per_recv.any():
         rank_first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
-        at = rank_first[col["rank"][col["edge_dst"][xfer]]] + posts[xfer]  # a rank's units are consecutive ids
-        pre = np.bincount(at, weights=np.full(len(xfer), o.per_recv), minlength=len(graph.units))
+        at = rank_first[receiver] + posts[xfer]  # a rank's units are consecutive ids
+        pre = np.bincount(at, weights=per_recv[receiver], minlength=len(graph.units))
     return _TaskHostTime(pre, take, task_post, send_offset)
 
 

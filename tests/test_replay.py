@@ -122,6 +122,12 @@ def test_a_replay_gives_each_rank_its_own_host_time(monkeypatch):
     from pipesched.simulator.timing import resolve
     with pytest.raises(ValueError, match="one host overhead per rank"):
         resolve(graph, costs, host_by_rank=[base] * 3)
+    many = validate(build("1f1b", 70, 70))  # more ranks than numpy's choose takes (64)
+    one = resolve(many, costs)
+    slow_last = resolve(many, costs, host_by_rank=[base] * 69 + [base.scaled(2.0)])
+    last = np.asarray(many.unit_rank) == 69
+    assert np.array_equal(one.host.post[~last], slow_last.host.post[~last])
+    assert slow_last.host.post[last] == pytest.approx(2 * one.host.post[last])
 
     graph, alike = run_with_receive_takes(schedule, costs, host_by_rank=[base] * 4)
     for o in replay_module.host_time_by_rank(graph, alike, costs):
