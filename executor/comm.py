@@ -114,10 +114,6 @@ class GlooTransport:
         self.errors: list[str] = []
         self.lock = threading.Lock()
 
-    def _wait(self, work) -> float:
-        work.wait(timedelta(seconds=self.timeout))
-        return now()
-
     def post_recvs(self, items: list[tuple[Transfer, TensorSpec]]) -> None:
         for transfer, spec in items:
             buf = torch.empty(spec.shape, dtype=spec.dtype)
@@ -152,16 +148,23 @@ class GlooTransport:
             self.handed_over += now() - pending.posted
             with self.lock:
                 self.sends[transfer.edge] = pending
-            pending.future = self.pool.submit(self._wait, pending.work)
-            pending.future.add_done_callback(lambda f, p=pending: self._sent(p, f))
+            pending.future = self.pool.submit(self._await_send, pending)
 
-    def _sent(self, pending: _Pending, future: cf.Future) -> None:
-        """Runs in the waiter thread: release the buffer as soon as the send is done."""
+    def _await_send(self, pending: _Pending) -> None:
+        """Runs in a waiter thread: wait for the send, record it and release its buffer.
+        All of it happens before the future completes (not in a done callback, which runs
+        after `result()` has already woken `drain`), so a drained step holds no send buffer
+        and has every send recorded."""
         t = pending.transfer
-        exc = future.exception()
+        exc = None
+        try:
+            pending.work.wait(timedelta(seconds=self.timeout))
+        except Exception as caught:  # noqa: BLE001 - reported in `errors`, raised by `check`
+            exc = caught
+        end = now()
         with self.lock:
             if exc is None:
-                self.done.append(Done(t, "send", pending.posted, future.result()))
+                self.done.append(Done(t, "send", pending.posted, end))
             elif _timed_out(exc):
                 self.errors.append(f"rank {self.rank}: timed out after {self.timeout:g} s sending {t.what()} "
                                    f"to rank {t.peer}")
@@ -188,8 +191,6 @@ class GlooTransport:
                 t = pending.transfer
                 raise ExecutorError(f"rank {self.rank}: timed out after {self.timeout:g} s sending {t.what()} "
                                     f"to rank {t.peer}") from None
-            except Exception:  # noqa: BLE001 - the waiter reported it in `errors`
-                pass
         self.check()
         if self.recvs:
             t = next(iter(self.recvs.values())).transfer
