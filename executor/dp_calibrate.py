@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from pipesched.schedules.ir import Schedule
 from pipesched.simulator.costs import CostModel, DataParallel, HostSharing
-from pipesched.simulator.run_costs import costs_from_runs
+from pipesched.simulator.run_costs import costs_from_runs, with_step_residual
 from pipesched.simulator.trace import Trace
 from pipesched.simulator.data_parallel import allreduce_after_ready
 
@@ -269,12 +269,15 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
     them, `simulator.dedicated`; otherwise the sharing is in them); the profiled op
     times, with the p x d ranks simulated sharing the host (`replica_sharing`); the
     profiled op times scaled by the replicas' slowdown where each rank has cores of its
-    own."""
+    own. With runs, op and host times then take the whole step's residual
+    (`run_costs.with_step_residual`: the runs' steps, all-reduce included, over their
+    prediction)."""
     host = None
     link = DataParallel(profile.degree, profile.latency, profile.bandwidth, bucket_bytes)
     slower = 1.0
     if profile.runs:  # on shared cores: dedicated work, the p x d ranks simulated sharing them again
-        costs = costs_from_runs(costs, profile.runs, host_time=True, sharing=replica_sharing(costs, profile, ranks))
+        costs = costs_from_runs(costs, profile.runs, host_time=True, sharing=replica_sharing(costs, profile, ranks),
+                                residual=False)
         slower = allreduce_in_runs(profile, link)
         link = replace(link, latency=link.latency * slower, bandwidth=link.bandwidth / slower)
     else:
@@ -285,10 +288,11 @@ def with_data_parallel(costs: CostModel, profile: DataParallelProfile, ranks: in
               for k, s in enumerate(costs.model_stages or ())]
     meta = dict(costs.meta)
     meta["data_parallel_calibrated"] = {**profile.to_meta(), "allreduce_slower_in_runs": slower}
-    return replace(costs, stages=(stages[0],) if stages else costs.stages,
-                   model_stages=tuple(stages) if stages else costs.model_stages,
-                   host=host if host is not None else costs.host,
-                   data_parallel=link, meta=meta).check()
+    out = replace(costs, stages=(stages[0],) if stages else costs.stages,
+                  model_stages=tuple(stages) if stages else costs.model_stages,
+                  host=host if host is not None else costs.host,
+                  data_parallel=link, meta=meta).check()
+    return with_step_residual(out, profile.runs) if profile.runs else out
 
 
 def calibrate_data_parallel(schedule: Schedule, model: PipelineModel | ExampleModel, replicas: int,

@@ -26,6 +26,9 @@ def print_costs(costs: CostModel) -> None:
                else "compute sharing is in them")
         print(f"op times: means of {runs['samples']} ops measured in runs of {', '.join(runs['schedules'])} "
               f"(interquartile range up to {100 * runs['spread']:.0f} % of the median); {how}")
+        k = runs.get("residual", 1.0)
+        if k != 1.0:
+            print(f"op and host times x {k:.3f}: the step residual, the runs' median steps over their prediction")
     fixed = costs.fixed_op_times
     if fixed.any:
         print(f"fixed time per op, kept whole when a stage is cut for another split: F {fmt_seconds(fixed.forward)}, "

@@ -205,6 +205,10 @@ class FixedOpTimes:
     def any(self) -> bool:
         return any(getattr(self, f.name) for f in fields(self))
 
+    def scaled(self, k: float) -> "FixedOpTimes":
+        """Every fixed time k times as long."""
+        return FixedOpTimes(*(getattr(self, f.name) * k for f in fields(self)))
+
     def taken_from(self, stage: StageCost) -> StageCost:
         """`stage` with these seconds taken off its op times (at least 0)."""
         return self._shifted(stage, -1.0)
@@ -442,6 +446,22 @@ class CostModel:
     layers: LayerCosts | None = None
     fixed_op_times: FixedOpTimes = FixedOpTimes()
     meta: dict = field(default_factory=dict, compare=False)
+
+    def slower(self, k: float) -> "CostModel":
+        """This cost model with every op time (stages, model stages, layers, fixed op
+        times, op overhead) and host time outside ops k times as long; transfers, memory
+        and the optimizer step unchanged."""
+        def each(stages):
+            return None if stages is None else tuple(s.slower(k) for s in stages)
+
+        layers = self.layers
+        if layers is not None:
+            layers = replace(layers, layers=each(layers.layers),
+                             embedding=None if layers.embedding is None else layers.embedding.slower(k),
+                             head=None if layers.head is None else layers.head.slower(k))
+        return replace(self, stages=each(self.stages), model_stages=each(self.model_stages), layers=layers,
+                       op_overhead=self.op_overhead * k, host_overhead=self.host_overhead.scaled(k),
+                       fixed_op_times=self.fixed_op_times.scaled(k))
 
     def check(self) -> "CostModel":
         if not self.stages:

@@ -27,6 +27,16 @@ between ops (`simulator.replay.fit_host_gaps`) where each rank has its own core:
 calibration with the other ranks idle misses the runtime's cost under a running
 pipeline. On shared cores the gaps also hold waits for the core, which the simulation
 models, so host time stays as profiled there.
+
+Last, the step residual: the runs' own steps are predicted with the costs so read, and
+every op and host time is scaled by how much longer the runs measured (per run, its
+median step's makespan over the prediction; the geometric mean over the runs at the
+calibration's split). A step over noisy ops is longer than one over their medians (a
+rank waits for the later of two inputs), and the part of a step the model misses shows
+up the same way; without it predictions on a noisy host came out short
+(docs/accuracy.md). Runs with another number of data-parallel replicas than the costs
+are left out: `executor.dp_calibrate` takes the whole step's residual once the
+all-reduce is in the costs.
 """
 from __future__ import annotations
 
@@ -38,8 +48,10 @@ import numpy as np
 from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
 from pipesched.schedules.validate import validate
 
+from .api import simulate
 from .costs import CostError, CostModel, FixedOpTimes, HostSharing, StageCost
 from .dedicated import dedicated_durations, shares_cores, world_ranks
+from .metrics import compute_metrics
 from .replay import fit_host_gaps, host_time_gaps
 from .trace import COMPUTE, Trace
 
@@ -65,7 +77,7 @@ def relative_iqr(values) -> float:
 
 
 def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], host_time: bool = False,
-                    sharing: HostSharing | None = None) -> CostModel:
+                    sharing: HostSharing | None = None, residual: bool = True) -> CostModel:
     """`base` (a calibration with `model_stages`) with each model stage's op times read
     from `runs` (see the module docstring): per op kind and model stage, the median over
     the runs' steps of each step's mean. Runs split the model into as many model stages
@@ -76,7 +88,9 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
     Otherwise `host` is None and, with `host_time`, the host time outside ops is fitted
     to every run's gaps (`replay.fit_host_gaps`; receives posted as each trace's
     meta["recv_lookahead"] says). The spread of the samples, the largest interquartile
-    range over median of any op kind and stage, is kept in `meta["from_runs"]["spread"]`."""
+    range over median of any op kind and stage, is kept in `meta["from_runs"]["spread"]`.
+    With `residual`, op and host times are then scaled by the step residual (module
+    docstring; `meta["from_runs"]["residual"]`, 1 where no run could give it)."""
     if base.model_stages is None:
         raise CostError("costs from runs need a calibration with model_stages")
     stages = len(base.model_stages)
@@ -111,7 +125,37 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
                                        "dedicated": dedicated}}
     host = replace(sharing, interference=0.0, host_time_first=True) if dedicated else None
     out = replace(base, stages=new[:1], model_stages=new, host=host, fixed_op_times=fixed, meta=meta).check()
-    return _host_time_from(out, runs) if host_time and not dedicated else out
+    out = _host_time_from(out, runs) if host_time and not dedicated else out
+    return with_step_residual(out, runs) if residual else out
+
+
+def with_step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:
+    """`costs` with op and host times scaled by the step residual of `runs` (module
+    docstring), kept in `meta["from_runs"]["residual"]`."""
+    k = step_residual(costs, runs)
+    out = costs.slower(k).check()
+    return replace(out, meta={**out.meta, "from_runs": {**out.meta.get("from_runs", {}), "residual": k}})
+
+
+def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> float:
+    """How much longer the runs' steps took than `costs` predicts them: per schedule, its
+    median step's makespan over the predicted one (receives posted as the run's meta
+    says), then the geometric mean over the schedules; 1 with no run to read. Only runs
+    at the split of `costs.model_stages` and with as many data-parallel replicas as
+    `costs` count."""
+    replicas = costs.data_parallel.degree
+    steps: dict[str, tuple[Schedule, Trace, list[float]]] = {}
+    for schedule, trace in runs:
+        if (schedule.num_model_stages == len(costs.model_stages or costs.stages) and len(trace)
+                and trace.meta.get("data_parallel", {}).get("degree", 1) == replicas):
+            steps.setdefault(schedule.name, (schedule, trace, []))[2].append(compute_metrics(trace).makespan)
+    ratios = []
+    for schedule, trace, makespans in steps.values():
+        here = replace(costs, recv_lookahead=trace.meta.get("recv_lookahead", costs.recv_lookahead))
+        predicted = compute_metrics(simulate(validate(schedule), here)).makespan
+        if predicted > 0:
+            ratios.append(float(np.median(makespans)) / predicted)
+    return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
 
 
 def _fixed_op_time(here: dict[tuple[str, int], float], stages: int,

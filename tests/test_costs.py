@@ -121,3 +121,21 @@ def test_pair_time_interpolates_between_serial_and_perfect():
     assert uniform(overlap=0.0).pair_time(1, 2) == 3
     assert uniform(overlap=1.0).pair_time(1, 2) == 2
     assert uniform(overlap=0.5).pair_time(1, 2) == 2.5
+
+
+def test_a_slower_cost_model_stretches_op_and_host_times_only():
+    from pipesched.simulator.costs import FixedOpTimes, HostOverhead
+    from pipesched.simulator.layers import LayerCosts
+
+    layer = StageCost(1.0, 2.0, 3.0, activation_bytes=8.0, activation_memory=100.0, optimizer_time=0.5)
+    base = CostModel(stages=(layer,), model_stages=(layer, layer), op_overhead=0.1,
+                     host_overhead=HostOverhead(per_op=1.0, per_send=2.0, per_recv=3.0, per_take=4.0),
+                     fixed_op_times=FixedOpTimes(forward=0.25))
+    got = base.slower(2.0).check()
+    by_layer = CostModel(layers=LayerCosts(layers=(layer,) * 2, embedding=layer)).slower(2.0).check()
+    for s in got.stages + got.model_stages + by_layer.layers.layers + (by_layer.layers.embedding,):
+        assert (s.forward, s.backward_input, s.backward_weight) == (2.0, 4.0, 6.0)
+        assert (s.activation_bytes, s.activation_memory, s.optimizer_time) == (8.0, 100.0, 0.5)
+    assert by_layer.layers.head is None and got.op_overhead == 0.2 and got.fixed_op_times.forward == 0.5
+    assert got.host_overhead == HostOverhead(per_op=2.0, per_send=4.0, per_recv=6.0, per_take=8.0)
+    assert got.network == base.network

@@ -13,7 +13,7 @@ from pipesched.simulator.costs import (CostError, CostModel, FixedOpTimes, HostO
 from pipesched.simulator.dedicated import dedicated_durations
 from pipesched.simulator.metrics import compute_metrics
 from pipesched.simulator.trace import Trace
-from pipesched.simulator.run_costs import costs_from_runs, op_time_samples, relative_iqr
+from pipesched.simulator.run_costs import costs_from_runs, op_time_samples, relative_iqr, step_residual
 from pipesched.simulator.trace import COMPUTE
 
 from helpers import run_with_receive_takes
@@ -50,10 +50,10 @@ def test_host_time_is_fitted_to_every_runs_gaps_when_asked(monkeypatch):
     runs = [(schedule, run_with_receive_takes(schedule, ran)[1])
             for schedule in (build("1f1b", 2, 4), build("zb-h1", 2, 4))]
     calibrated = replace(SOLO, host_overhead=HostOverhead(per_op=1e-6))
-    got = costs_from_runs(calibrated, runs, host_time=True).host_overhead
+    got = costs_from_runs(calibrated, runs, host_time=True, residual=False).host_overhead
     for name in ("per_op", "per_send", "per_recv", "per_take"):
         assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
-    assert costs_from_runs(calibrated, runs).host_overhead == calibrated.host_overhead  # kept by default
+    assert costs_from_runs(calibrated, runs, residual=False).host_overhead == calibrated.host_overhead  # by default
 
 
 def test_an_op_kind_no_run_executed_is_scaled_by_the_solo_ratio():
@@ -73,7 +73,7 @@ def test_the_spread_of_the_samples_is_reported():
     noisy = replace(trace, end=trace.end.copy())
     f_stage0 = np.flatnonzero((trace.lane == COMPUTE) & (trace.op == 0) & (trace.stage == 0))
     noisy.end[f_stage0] += np.array([0.0, 0.5, 1.0, 1.5])  # F: 1, 1.5, 2, 2.5 s: IQR 0.75 s, median 1.75 s
-    got = costs_from_runs(SOLO, [(schedule, noisy)])
+    got = costs_from_runs(SOLO, [(schedule, noisy)], residual=False)
     assert got.model_stages[0].forward == pytest.approx(1.75)
     assert got.meta["from_runs"]["spread"] == pytest.approx(0.75 / 1.75)
 
@@ -84,7 +84,7 @@ def test_a_two_humped_op_counts_both_humps():
     humps = replace(trace, end=trace.end.copy())
     f_stage0 = np.flatnonzero((trace.lane == COMPUTE) & (trace.op == 0) & (trace.stage == 0))
     humps.end[f_stage0] += np.array([0.0, 0.0, 0.0, 1.0])  # F: 1, 1, 1, 2 s: median 1 s, mean 1.25 s
-    assert costs_from_runs(SOLO, [(schedule, humps)]).model_stages[0].forward == pytest.approx(1.25)
+    assert costs_from_runs(SOLO, [(schedule, humps)], residual=False).model_stages[0].forward == pytest.approx(1.25)
 
 
 def test_relative_iqr_ignores_a_single_outlier_and_the_number_of_samples():
@@ -229,7 +229,8 @@ def test_runs_on_shared_cores_are_read_as_dedicated_work_and_shared_again():
         schedule = build(name, 4, 8)
         return schedule, simulate(schedule, truth, engine="des")
 
-    got = costs_from_runs(base, [ran("1f1b"), ran("zb-h1")], host_time=True, sharing=replace(host, host_time_first=False))
+    got = costs_from_runs(base, [ran("1f1b"), ran("zb-h1")], host_time=True, sharing=replace(host, host_time_first=False),
+                          residual=False)
     assert got.host == host and got.host_overhead == truth.host_overhead  # host time as profiled
     assert got.meta["from_runs"]["dedicated"]
     for mine, want in zip(got.model_stages, truth.model_stages):
@@ -255,3 +256,38 @@ def test_host_time_first_runs_host_time_beside_a_core_mates_op_at_full_speed():
     assert makespan(replace(costs.host, host_time_first=True)) < makespan(costs.host)
     alone = HostSharing(capacity=4, pinned=True)  # a core each: nothing to run first
     assert makespan(replace(alone, host_time_first=True)) == makespan(alone)
+
+
+def noisy_steps(name: str, truth: CostModel, steps: int, cv: float) -> list:
+    """`steps` 'measured' steps of `name`: every op's time drawn around `truth`'s."""
+    schedule = build(name, 2, 4)
+    rng = np.random.default_rng(5)
+    return [(schedule, simulate(schedule, replace(truth, host=None), noise_cv=cv, rng=rng)) for _ in range(steps)]
+
+
+def test_the_step_residual_is_one_where_the_costs_predict_the_runs_exactly():
+    got = costs_from_runs(SOLO, [run_of("1f1b", SOLO), run_of("zb-h1", SOLO)])
+    assert got.meta["from_runs"]["residual"] == pytest.approx(1.0, abs=1e-12)
+    assert got.model_stages[1].forward == pytest.approx(2.0, rel=1e-12)
+
+
+def test_noisy_steps_take_longer_than_their_medians_and_the_residual_makes_up_for_it():
+    """A rank waits for the later of two inputs, so a step over noisy ops outlasts one over
+    their medians; the residual scales op times until the runs' median steps come out."""
+    runs = noisy_steps("1f1b", SOLO, 9, 0.3) + noisy_steps("zb-h1", SOLO, 9, 0.3)
+    raw = costs_from_runs(SOLO, runs, residual=False)
+    got = costs_from_runs(SOLO, runs)
+    k = got.meta["from_runs"]["residual"]
+    assert k == pytest.approx(step_residual(raw, runs)) and k > 1.01
+    assert got.model_stages[0].backward_full == pytest.approx(k * raw.model_stages[0].backward_full)
+    # without links to pay for, every time scales with k: the runs' residual is then 1
+    assert step_residual(got, runs) == pytest.approx(1.0, rel=1e-9)
+
+
+def test_the_residual_counts_only_runs_with_the_costs_replicas_and_split():
+    schedule, trace = run_of("1f1b", SOLO)
+    slow = replace(trace, start=trace.start * 2, end=trace.end * 2, meta={**trace.meta, "data_parallel": {"degree": 2}})
+    plain = replace(SOLO, host=None)
+    assert step_residual(plain, [(schedule, slow)]) == 1.0  # a data-parallel step: not this pipeline's
+    assert step_residual(plain, [(build("zb-v", 2, 4), trace)]) == 1.0  # another split
+    assert step_residual(plain, [(schedule, replace(slow, meta=trace.meta))]) == pytest.approx(2.0)
