@@ -76,11 +76,11 @@ def layers_from_costs(args: argparse.Namespace, schedule: Schedule) -> tuple[int
     return tuple(costs.layers.split(schedule.num_model_stages, args.layers_per_stage))
 
 
-def add_measurement_args(parser: argparse.ArgumentParser, warmup: int) -> None:
+def add_measurement_args(parser: argparse.ArgumentParser, warmup: int, steps: int = 5) -> None:
     """--steps, --warmup, --recv-lookahead and --no-check."""
     r = parser.add_argument_group("measurement")
-    r.add_argument("--steps", type=int, default=5,
-                   help="measured steps; the trace is of the step of median makespan (default 5)")
+    r.add_argument("--steps", type=int, default=steps,
+                   help=f"measured steps; the trace is of the step of median makespan (default {steps})")
     r.add_argument("--warmup", type=int, default=warmup, help=f"unmeasured steps first (default {warmup})")
     r.add_argument("--min-time", type=SECONDS, default=MIN_TIME, metavar="T",
                    help=f"measure at least T of steps: more than --steps when steps are short, at most "

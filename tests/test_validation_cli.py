@@ -125,3 +125,12 @@ def test_bad_input_is_refused_in_one_line_before_launch(args, message, tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_validate_measures_ten_steps_by_default_and_run_five():
+    from pipesched.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["validate", "1f1b", "-p", "2", "-m", "4"]).steps == 10
+    assert parse(["run", "1f1b", "-p", "2", "-m", "4"]).steps == 5
+    assert parse(["validate", "1f1b", "-p", "2", "-m", "4", "--steps", "3"]).steps == 3

@@ -33,7 +33,9 @@ def add_parser(sub) -> None:
     add_schedule_args(p)
     add_executor_args(p)
     add_calibration_args(p)
-    add_measurement_args(p, warmup=2)
+    # ten steps: a data-parallel step takes ~0.6 s here and the host's speed drifts within
+    # seconds, so five steps' median step is a poor measure of the next five's (docs/data_parallel.md)
+    add_measurement_args(p, warmup=2, steps=10)
     p.add_argument("--out", metavar="DIR",
                    help="write predicted.json, measured.json, costs.json and validate.png here "
                         "(default: a new folder pipesched-validate-* in the temporary directory)")
