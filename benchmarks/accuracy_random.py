@@ -14,8 +14,10 @@ Then, offline, every run is predicted: from the solo calibration; from costs rea
 every measured step of the runs of 1F1B and ZB-H1 and, at the other split, ZB-V, as
 `validate` calibrates (`simulator.run_costs`: op times, each op kind's fixed time from
 the two splits, dedicated work where ranks share cores, host time outside ops fitted
-to the runs where they do not; marked * in the table); and, for comparison, as
-calibration did before 2026-11-25 (1F1B and ZB-H1 only, pooled means, runs-v1).
+to the runs where they do not, and the step residual: how much longer the runs of
+1F1B and ZB-H1 measured than predicted; marked * in the table); for comparison, the same
+without the step residual (no-resid) and as calibration did before 2026-11-25 (1F1B and
+ZB-H1 only, pooled means, runs-v1).
 Printed per case: measured makespan, the predictions' errors, the replay error (the run simulated with
 its own op and transfer times and host time fitted to it: `simulator.replay`; replay-c
 with the calibrated host time) and the spread of the measured steps' makespans (the
@@ -153,7 +155,8 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
     complete = all(n in traces for n in CALIBRATION_RUNS)
     # as validate calibrates: both splits, dedicated work where ranks share cores
     from_runs = costs_from_runs(solo, runs + other, host_time=True, sharing=solo.host) if complete else None
-    one_split = costs_from_runs(solo, runs, host_time=True) if complete else None  # the calibration before 2026-11-25
+    raw = costs_from_runs(solo, runs + other, host_time=True, sharing=solo.host, residual=False) if complete else None
+    one_split = costs_from_runs(solo, runs, host_time=True, residual=False) if complete else None  # before 2026-11-25
     auto = solo if solo.host is not None and solo.host.gpu else from_runs  # what --op-times auto picks
     rows = []
     for name, trace in traces.items():
@@ -162,7 +165,8 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
         row = {"model": index, "p": p, "m": m, "schedule": name, "measured": measured,
                "in_calibration": name in CALIBRATION_RUNS + (OTHER_SPLIT_RUN,), "short_ops": short,
                "makespan_spread": relative_iqr(trace.meta.get("makespans") or [measured])}
-        for label, costs in (("solo", solo), ("run", from_runs), ("run_v1", one_split), ("auto", auto)):
+        for label, costs in (("solo", solo), ("run", from_runs), ("run_raw", raw), ("run_v1", one_split),
+                           ("auto", auto)):
             if costs is None:
                 row[label] = row[f"{label}_error"] = float("nan")
                 continue
@@ -176,7 +180,8 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
 
 
 ESTIMATORS = (("solo", "op times from solo profiles"), ("run", "from 1F1B, ZB-H1 and ZB-V runs"),
-              ("run_v1", "... 1F1B, ZB-H1 only, no sharing"), ("auto", "the default (runs on CPUs)"))
+              ("run_raw", "... without the step residual"), ("run_v1", "... 1F1B, ZB-H1 only, no sharing"),
+              ("auto", "the default (runs on CPUs)"))
 
 
 def ranking_hits(rows: list[dict], label: str) -> list[bool]:
@@ -289,11 +294,12 @@ def main() -> int:
 def _print_rows(rows: list[dict], header: bool = True) -> None:
     if header:
         print(f"{'model':>5} {'p':>2} {'m':>3} {'schedule':<17} {'measured':>10} {'solo':>8} {'runs':>8} "
-              f"{'runs-v1':>8} {'replay':>8} {'replay-c':>8} {'spread':>7}")
+              f"{'no-resid':>8} {'runs-v1':>8} {'replay':>8} {'replay-c':>8} {'spread':>7}")
     for r in rows:
         mark = "*" if r["in_calibration"] else " "
         print(f"{r['model']:>5} {r['p']:>2} {r['m']:>3} {r['schedule'] + mark:<17} {1e3 * r['measured']:>8.1f}ms "
-              f"{100 * r['solo_error']:>+7.2f}% {100 * r['run_error']:>+7.2f}% {100 * r['run_v1_error']:>+7.2f}% "
+              f"{100 * r['solo_error']:>+7.2f}% {100 * r['run_error']:>+7.2f}% {100 * r['run_raw_error']:>+7.2f}% "
+              f"{100 * r['run_v1_error']:>+7.2f}% "
               f"{100 * r['replay_error']:>+7.2f}% "
               f"{100 * r['replay_calibrated_error']:>+7.2f}% "
               f"{100 * r['makespan_spread']:>6.2f}%", flush=True)
