@@ -160,17 +160,19 @@ def measured_edge_times(graph: TaskGraph, measured: Trace, timing: Timing) -> np
     return out
 
 
-def host_time_gaps(graph: TaskGraph, measured: Trace, lookahead: int) -> tuple[np.ndarray, np.ndarray] | None:
+def host_time_gaps(graph: TaskGraph, measured: Trace, lookahead: int, serial_pairs: bool = True
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
     """The run's gaps that are host time alone, for `fit_host_time`: on each rank, the gap
     (seconds) between two units whose second waited for no data, and per gap what it
     did: (1, sends posted after the first unit, receives posted before the second,
-    inputs the second took). None without the run's receive takes. Receives posted
-    `lookahead` units ahead, as the run posted them."""
-    found = _host_gaps(graph, measured, lookahead)
+    inputs the second took); with `serial_pairs` (a cost model without overlap) also
+    the gap inside each pair, (1, sends of its first op, 0, 0). None without the run's
+    receive takes. Receives posted `lookahead` units ahead, as the run posted them."""
+    found = _host_gaps(graph, measured, lookahead, serial_pairs)
     return None if found is None else found[:2]
 
 
-def _host_gaps(graph: TaskGraph, measured: Trace, lookahead: int
+def _host_gaps(graph: TaskGraph, measured: Trace, lookahead: int, serial_pairs: bool = True
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """`host_time_gaps` and the rank of each gap."""
     waits = receive_waits(graph, measured)
@@ -180,7 +182,6 @@ def _host_gaps(graph: TaskGraph, measured: Trace, lookahead: int
     n_units = len(graph.units)
     remote = col["edge_kind"] != LOCAL
     unit_of_dst = col["unit"][col["edge_dst"]]
-    sends = np.bincount(col["unit"][col["edge_src"][remote]], minlength=n_units)
     taken = np.bincount(unit_of_dst[remote], minlength=n_units)
     rank_first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
     posts = receive_posts(graph, lookahead)
@@ -189,6 +190,7 @@ def _host_gaps(graph: TaskGraph, measured: Trace, lookahead: int
     spans = task_spans(graph, measured)
     first_task = first_task_of_units(graph)
     last_task = first_task + np.bincount(col["unit"], minlength=n_units) - 1
+    task_sends = np.bincount(col["edge_src"][remote], minlength=len(graph.tasks))
     # units after the first on their rank (a rank's units are consecutive ids), waiting for nothing
     unit = np.arange(n_units)
     rank_of_unit = np.asarray(graph.unit_rank)
@@ -196,15 +198,25 @@ def _host_gaps(graph: TaskGraph, measured: Trace, lookahead: int
     keep[1:] &= rank_of_unit[1:] == rank_of_unit[:-1]
     u = unit[keep]
     gaps = measured.start[spans[first_task[u]]] - measured.end[spans[last_task[u - 1]]]
-    rows = np.column_stack((np.ones(len(u)), sends[u - 1], posted[u], taken[u])).astype(float)
-    return rows, gaps, rank_of_unit[u]
+    if serial_pairs:  # after a pair only its second op's bookkeeping and sends remain
+        sent = task_sends[last_task[u - 1]]
+    else:  # an overlapped pair posts both ops' sends after it
+        sent = np.bincount(col["unit"][col["edge_src"][remote]], minlength=n_units)[u - 1]
+    rows = np.column_stack((np.ones(len(u)), sent, posted[u], taken[u])).astype(float)
+    # between the two ops of a serial pair: the first op's bookkeeping and sends, host time alone
+    pair = np.flatnonzero(last_task > first_task) if serial_pairs else np.zeros(0, dtype=np.int64)
+    a = first_task[pair]
+    inner = measured.start[spans[a + 1]] - measured.end[spans[a]]
+    inner_rows = np.column_stack((np.ones(len(pair)), task_sends[a], np.zeros(len(pair)), np.zeros(len(pair))))
+    return (np.concatenate((rows, inner_rows)), np.concatenate((gaps, inner)),
+            np.concatenate((rank_of_unit[u], rank_of_unit[pair])))
 
 
 def fit_host_time(graph: TaskGraph, measured: Trace, costs: CostModel) -> CostModel:
     """`costs` with the host time outside ops read from the run `measured` (receives
     posted `costs.recv_lookahead` units ahead, as the run posted them): `fit_host_gaps`
     of its `host_time_gaps`. `costs` unchanged without receive takes."""
-    found = host_time_gaps(graph, measured, costs.recv_lookahead)
+    found = host_time_gaps(graph, measured, costs.recv_lookahead, costs.overlap == 0)
     return costs if found is None else fit_host_gaps(costs, *found)
 
 
@@ -215,7 +227,7 @@ def host_time_by_rank(graph: TaskGraph, measured: Trace, costs: CostModel) -> li
     gaps stretch by what its core's other ranks compute meanwhile, which differs by
     rank; a fit of four costs per rank from a few dozen gaps overfits (docs/accuracy.md).
     None without the run's receive takes or with fewer than 8 gaps."""
-    found = _host_gaps(graph, measured, costs.recv_lookahead)
+    found = _host_gaps(graph, measured, costs.recv_lookahead, costs.overlap == 0)
     if found is None:
         return None
     rows, gaps, ranks = found

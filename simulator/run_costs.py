@@ -183,8 +183,8 @@ def _fixed_op_time(here: dict[tuple[str, int], float], stages: int,
 
 
 def _host_time_from(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:
-    found = [host_time_gaps(validate(schedule), trace, trace.meta.get("recv_lookahead", costs.recv_lookahead))
-             for schedule, trace in runs]
+    found = [host_time_gaps(validate(schedule), trace, trace.meta.get("recv_lookahead", costs.recv_lookahead),
+                            costs.overlap == 0) for schedule, trace in runs]
     found = [f for f in found if f is not None]
     if not found:
         return costs

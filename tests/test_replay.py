@@ -84,8 +84,10 @@ def test_a_trace_of_another_schedule_is_refused():
         replay(build("1f1b", 2, 4), trace, COSTS, per="rank")
 
 
-def test_host_time_is_read_back_from_a_run(monkeypatch):
-    """A run's host costs, recovered from its gaps between ops that waited for nothing."""
+@pytest.mark.parametrize("name", ["zb-h1", "dualpipe", "dualpipev"])
+def test_host_time_is_read_back_from_a_run(monkeypatch, name):
+    """A run's host costs, recovered from its gaps between ops that waited for nothing
+    and, in DualPipe's pairs, between a pair's two ops; the replay then gives the run back."""
     import pipesched.simulator.replay as replay_module
 
     monkeypatch.setattr(replay_module, "WAIT_MARGIN", 0.0)  # a simulated run's waits are exact
@@ -93,10 +95,14 @@ def test_host_time_is_read_back_from_a_run(monkeypatch):
 
     truth = HostOverhead(per_op=40e-6, per_send=250e-6, per_recv=120e-6, per_take=30e-6)
     costs = replace(COSTS, host_overhead=truth, recv_lookahead=2)
-    graph, recv = run_with_receive_takes(build("zb-h1", 4, 8), costs)
-    fitted = fit_host_time(graph, recv, replace(costs, host_overhead=HostOverhead())).host_overhead
-    for name in ("per_op", "per_send", "per_recv", "per_take"):
-        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    schedule = build(name, 4, 8)
+    graph, run = run_with_receive_takes(schedule, costs)
+    unknown = replace(costs, host_overhead=HostOverhead())
+    fitted = fit_host_time(graph, run, unknown).host_overhead
+    for field in ("per_op", "per_send", "per_recv", "per_take"):
+        assert getattr(fitted, field) == pytest.approx(getattr(truth, field), rel=1e-6), field
+    again = replay(schedule, run, unknown)
+    assert compute_metrics(again).makespan == pytest.approx(compute_metrics(run).makespan, rel=1e-9)
 
 
 def test_a_replay_gives_each_rank_its_own_host_time(monkeypatch):
