@@ -15,6 +15,10 @@ is the simulator's own error.
   its departure (the sender's op end plus the modelled time to post it) until the
   receive ended; one that had arrived before gets the cost model's link time, cut to
   arrive by the time it was taken. Traces without that record keep the link times.
+  Links are not contended when transfers are replayed: a measured time already holds any
+  wait for the link, and for the receive to be posted (gloo sends only once the receiver
+  has posted, which a lagging receiver does late); queued again behind the sends before
+  it, that wait counted twice.
 - Host time outside ops: `host="run"` fits the runtime's four host costs (per op, send,
   receive posted, receive taken) to the run's own gaps between ops that waited for
   nothing, then scales them per rank to that rank's gaps (`host_time_by_rank`; the cost
@@ -285,6 +289,7 @@ def replay(schedule: Schedule | TaskGraph, measured: Trace, costs: CostModel, pe
     edge_times = measured_edge_times(graph, measured, timing) if transfers else None
     if edge_times is not None:
         timing = resolve(graph, costs, task_times=timing.task_time, edge_times=edge_times, host_by_rank=by_rank)
+        timing = replace(timing, contention=False)
     trace = to_trace(graph, timing, longest_path(graph, timing),
                      {"engine": "exact", "replay": per, "replayed_transfers": edge_times is not None,
                       "host_from_run": by_rank is not None})

@@ -61,6 +61,28 @@ def test_a_transfer_waited_for_arrives_when_the_run_saw_it_arrive():
     assert again.start[f0] == pytest.approx(arrival + COSTS.host_overhead.per_take, abs=1e-12)
 
 
+def test_a_send_held_for_a_late_receive_does_not_hold_up_the_link():
+    """gloo sends once the receiver has posted: a transfer whose receive was posted late
+    waited for the posting, not for the link, so the sends behind it go on time (a
+    replay does not queue measured transfers on their link again)."""
+    schedule = build("gpipe", 2, 4)  # rank 0 sends F0..F3 back to back on one link
+    trace = simulate(schedule, COSTS)
+    graph = validate(schedule)
+    recvs = {int(trace.mb[i]): i for i in np.flatnonzero((trace.lane == RECV) & (trace.op == OPS.index("F")))}
+    late = replace(trace, start=trace.start.copy(), end=trace.end.copy(), meta={**trace.meta})
+    link = late.end[recvs[0]] - late.start[recvs[0]]
+    late.start[recvs[0]] += 5e-3  # rank 1 posted F0's receive 5 ms late and waited for it
+    late.end[recvs[0]] += 5e-3
+    late.meta["receive_takes"] = [[1, "F", 0, 0, 0, float(trace.end[recvs[0]])],
+                                  [1, "F", 1, 0, 0, float(trace.end[recvs[1]] + 6e-3)]]
+    again = replay(graph, late, COSTS, host="costs")
+    f1 = np.flatnonzero((again.lane == RECV) & (again.op == OPS.index("F")) & (again.mb == 1))[0]
+    assert again.end[f1] == pytest.approx(trace.end[recvs[1]], abs=1e-9)  # not queued behind F0's 5 ms
+    f0 = np.flatnonzero((again.lane == COMPUTE) & (again.rank == 1) & (again.mb == 0) & (again.op == 0))[0]
+    assert again.start[f0] == pytest.approx(late.end[recvs[0]] + COSTS.host_overhead.per_take, abs=1e-9)
+    assert link > 0 and COSTS.contention  # the simulation queues transfers; the replay keeps their times
+
+
 def test_per_kind_replay_uses_each_ranks_median():
     schedule = build("1f1b", 2, 3)
     trace = simulate(schedule, COSTS)
