@@ -179,3 +179,26 @@ def test_a_data_parallel_replay_takes_each_all_reduce_and_optimizer_step_as_meas
     slow.end[last] += 3.0  # its all-reduce waited 3 s longer (e.g. for the other replica)
     got = compute_metrics(replay(schedule, slow, costs)).makespan
     assert got == pytest.approx(compute_metrics(run).makespan + 3.0)
+
+
+def test_after_a_wait_a_unit_starts_its_ranks_wake_latency_after_the_data(monkeypatch):
+    """The time from a waited-for input's arrival to the unit's start is read per rank and
+    per input; a replay gives that unit that much, not the whole fitted take, and moves
+    the rest of the take before the wait (a unit whose data is there still takes it all)."""
+    import pipesched.simulator.replay as replay_module
+    from pipesched.simulator.timing import HostTime, resolve
+
+    monkeypatch.setattr(replay_module, "WAIT_MARGIN", 0.0)
+    costs = replace(COSTS, recv_lookahead=2)
+    schedule = build("1f1b", 4, 8)
+    graph, run = run_with_receive_takes(schedule, costs)
+    wake = replay_module.wake_latency(graph, run)
+    assert wake[1:] == pytest.approx([COSTS.host_overhead.per_take] * 3, rel=1e-9)  # ranks 1-3 wait for inputs
+
+    host = resolve(graph, replace(costs, host_overhead=replace(costs.host_overhead, per_take=1e-3))).host
+    moved = replay_module._take_after_wait(graph, run, host)
+    inputs = replay_module._inputs_taken(graph)
+    known = np.isfinite(wake[np.asarray(graph.unit_rank)])
+    np.testing.assert_allclose(moved.take[known], COSTS.host_overhead.per_take * inputs[known], rtol=1e-9)
+    np.testing.assert_allclose(moved.pre + moved.take, host.pre + host.take, rtol=1e-12)
+    assert isinstance(moved, HostTime) and np.array_equal(moved.take[~known], host.take[~known])
