@@ -187,21 +187,16 @@ def _host_gaps(graph: TaskGraph, measured: Trace, lookahead: int, serial_pairs: 
     n_units = len(graph.units)
     remote = col["edge_kind"] != LOCAL
     unit_of_dst = col["unit"][col["edge_dst"]]
-    taken = np.bincount(unit_of_dst[remote], minlength=n_units)
+    taken = _inputs_taken(graph)
     rank_first = np.asarray([ids[0] if ids else 0 for ids in graph.rank_units], dtype=np.int64)
     posts = receive_posts(graph, lookahead)
     posted = np.bincount(rank_first[col["rank"][col["edge_dst"][remote]]] + posts[remote], minlength=n_units)
     waited = np.bincount(unit_of_dst[waits[2]], minlength=n_units) > 0
     spans = task_spans(graph, measured)
-    first_task = first_task_of_units(graph)
-    last_task = first_task + np.bincount(col["unit"], minlength=n_units) - 1
+    first_task, last_task, follows = _unit_tasks(graph)
     task_sends = np.bincount(col["edge_src"][remote], minlength=len(graph.tasks))
-    # units after the first on their rank (a rank's units are consecutive ids), waiting for nothing
-    unit = np.arange(n_units)
     rank_of_unit = np.asarray(graph.unit_rank)
-    keep = (unit > 0) & ~waited
-    keep[1:] &= rank_of_unit[1:] == rank_of_unit[:-1]
-    u = unit[keep]
+    u = np.flatnonzero(follows & ~waited)  # after a unit of their rank, waiting for nothing
     gaps = measured.start[spans[first_task[u]]] - measured.end[spans[last_task[u - 1]]]
     if serial_pairs:  # after a pair only its second op's bookkeeping and sends remain
         sent = task_sends[last_task[u - 1]]
@@ -312,8 +307,7 @@ def wake_latency(graph: TaskGraph, measured: Trace) -> np.ndarray | None:
     col = graph.columns()
     n_units = len(graph.units)
     spans = task_spans(graph, measured)
-    first_task = first_task_of_units(graph)
-    last_task = first_task + np.bincount(col["unit"], minlength=n_units) - 1
+    first_task, last_task, follows = _unit_tasks(graph)
     got = np.flatnonzero(recv >= 0)
     unit = col["unit"][col["edge_dst"][got]]
     arrival = np.full(n_units, -np.inf)
@@ -322,8 +316,7 @@ def wake_latency(graph: TaskGraph, measured: Trace) -> np.ndarray | None:
     any_wait = np.zeros(n_units, dtype=bool)
     any_wait[col["unit"][col["edge_dst"][waited]]] = True
     rank_of_unit = np.asarray(graph.unit_rank)
-    u = np.arange(1, n_units)
-    u = u[(rank_of_unit[u] == rank_of_unit[u - 1]) & any_wait[u]]
+    u = np.flatnonzero(follows & any_wait)
     u = u[arrival[u] > measured.end[spans[last_task[u - 1]]]]
     latency = (measured.start[spans[first_task[u]]] - arrival[u]) / np.maximum(inputs[u], 1)
     out = np.full(graph.schedule.ranks, np.nan)
@@ -332,6 +325,17 @@ def wake_latency(graph: TaskGraph, measured: Trace) -> np.ndarray | None:
         if len(mine):
             out[r] = float(np.median(mine))
     return out
+
+
+def _unit_tasks(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per unit, its first and last task id and whether it follows another unit of its
+    rank (a rank's units and a unit's tasks are consecutive ids)."""
+    first = first_task_of_units(graph)
+    last = first + np.bincount(graph.columns()["unit"], minlength=len(graph.units)) - 1
+    rank_of_unit = np.asarray(graph.unit_rank)
+    follows = np.zeros(len(graph.units), dtype=bool)
+    follows[1:] = rank_of_unit[1:] == rank_of_unit[:-1]
+    return first, last, follows
 
 
 def _inputs_taken(graph: TaskGraph) -> np.ndarray:
@@ -345,9 +349,9 @@ def _take_after_wait(graph: TaskGraph, measured: Trace, host: HostTime) -> HostT
     """`host` with a unit that waited for its data starting its rank's `wake_latency` per
     input after the data came, not the fitted time to take inputs: that fit reads the
     gaps of units that waited for nothing, which where ranks share cores also hold time
-    the rank sat descheduled (0.6-1.5 ms per input at p = 4 against 70-90 us measured
-    after a wait). The rest of the take moves before the wait, so a unit whose data is
-    there still takes it all: start = max(free + pre + take, arrival + wake)."""
+    the rank sat descheduled (docs/accuracy.md). The rest of the take moves before the
+    wait, so a unit whose data is there still takes it all:
+    start = max(free + pre + take, arrival + wake)."""
     wake = wake_latency(graph, measured)
     if wake is None:
         return host

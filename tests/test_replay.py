@@ -186,7 +186,7 @@ def test_after_a_wait_a_unit_starts_its_ranks_wake_latency_after_the_data(monkey
     per input; a replay gives that unit that much, not the whole fitted take, and moves
     the rest of the take before the wait (a unit whose data is there still takes it all)."""
     import pipesched.simulator.replay as replay_module
-    from pipesched.simulator.timing import HostTime, resolve
+    from pipesched.simulator.timing import resolve
 
     monkeypatch.setattr(replay_module, "WAIT_MARGIN", 0.0)
     costs = replace(COSTS, recv_lookahead=2)
@@ -201,4 +201,8 @@ def test_after_a_wait_a_unit_starts_its_ranks_wake_latency_after_the_data(monkey
     known = np.isfinite(wake[np.asarray(graph.unit_rank)])
     np.testing.assert_allclose(moved.take[known], COSTS.host_overhead.per_take * inputs[known], rtol=1e-9)
     np.testing.assert_allclose(moved.pre + moved.take, host.pre + host.take, rtol=1e-12)
-    assert isinstance(moved, HostTime) and np.array_equal(moved.take[~known], host.take[~known])
+    monkeypatch.setattr(replay_module, "wake_latency", lambda g, m: np.concatenate(([np.nan], wake[1:])))
+    unknown = np.asarray(graph.unit_rank) == 0  # as if rank 0 had never waited: it keeps its take
+    kept = replay_module._take_after_wait(graph, run, host)
+    assert np.array_equal(kept.take[unknown], host.take[unknown])
+    np.testing.assert_allclose(kept.pre[unknown], host.pre[unknown], rtol=0, atol=1e-15)
