@@ -25,7 +25,12 @@ interquartile range over the median); per p:
 median and max |error| for each estimator (and for what `--op-times auto` picks), over
 all cases, over the schedules not used for calibrating and over the models whose ops are
 long enough that `validate` would not warn (`executor.validation.too_short`); per model: whether the
-predicted fastest schedule measured within 2 % of the measured fastest.
+predicted fastest schedule measured within 2 % of the measured fastest. Last, how well
+the machine repeats itself: each run's even and odd steps (taken in turn with the other
+schedules') as two measurements of the same thing, how far apart their median makespans
+are and how often the fastest by one half is within 2 % of the fastest by the other,
+beside the default prediction's fastest judged by either half. No prediction can be
+expected to agree with a measurement better than the measurement agrees with itself.
 
     python benchmarks/accuracy_random.py --seed 1 --models 8 [--ranks 2,4] [--save-runs RUNS.json.gz]
     python benchmarks/accuracy_random.py --from-runs RUNS.json.gz     # re-predict saved runs, run nothing
@@ -162,9 +167,10 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
     for name, trace in traces.items():
         schedule = schedules[name]
         measured = compute_metrics(trace).makespan
+        steps_made = trace.meta.get("makespans") or [measured]
         row = {"model": index, "p": p, "m": m, "schedule": name, "measured": measured,
                "in_calibration": name in CALIBRATION_RUNS + (OTHER_SPLIT_RUN,), "short_ops": short,
-               "makespan_spread": relative_iqr(trace.meta.get("makespans") or [measured])}
+               "makespan_spread": relative_iqr(steps_made), "halves": halves(steps_made)}
         for label, costs in (("solo", solo), ("run", from_runs), ("run_raw", raw), ("run_v1", one_split),
                            ("auto", auto)):
             if costs is None:
@@ -198,6 +204,32 @@ def ranking_hits(rows: list[dict], label: str) -> list[bool]:
     return hits
 
 
+def halves(makespans: list[float]) -> tuple[float, float] | None:
+    """Median makespan (seconds) of the even and of the odd steps; None under two steps."""
+    if len(makespans) < 2:
+        return None
+    return float(np.median(makespans[0::2])), float(np.median(makespans[1::2]))
+
+
+def self_agreement(rows: list[dict], label: str) -> tuple[list[float], int, int, int]:
+    """The measurement against itself: |even / odd - 1| per run; over each (model, p) and
+    both ways round, how often the fastest by one half and `label`'s predicted fastest
+    are within the tolerance of the fastest by the other half, and of how many."""
+    gaps, by_half, by_prediction, judged = [], 0, 0, 0
+    for key in sorted({(r["model"], r["p"]) for r in rows}):
+        group = [r for r in rows if (r["model"], r["p"]) == key and r["halves"] and np.isfinite(r[label])]
+        gaps += [abs(r["halves"][0] / r["halves"][1] - 1) for r in group]
+        if len(group) < 2:
+            continue
+        chosen = min(group, key=lambda r: r[label])
+        for pick, judge in ((0, 1), (1, 0)):
+            best = min(r["halves"][judge] for r in group)
+            by_half += min(group, key=lambda r: r["halves"][pick])["halves"][judge] <= best * (1 + RANKING_TOLERANCE)
+            by_prediction += chosen["halves"][judge] <= best * (1 + RANKING_TOLERANCE)
+            judged += 1
+    return gaps, by_half, by_prediction, judged
+
+
 def stats(values: list[float]) -> str:
     a = [abs(v) for v in values if np.isfinite(v)]
     return f"median {100 * statistics.median(a):5.2f} %, max {100 * max(a):6.2f} %" if a else "no cases"
@@ -221,6 +253,11 @@ def report(rows: list[dict]) -> None:
         print(f"  {'replay (host time fitted to the run)':<36} all {stats([r['replay_error'] for r in here])}")
         print(f"  {'replay (host time as calibrated)':<36} all {stats([r['replay_calibrated_error'] for r in here])}")
         print(f"  {'measured steps, IQR over median':<36} median {100 * statistics.median(r['makespan_spread'] for r in here):.2f} %")
+        gaps, by_half, by_prediction, judged = self_agreement(here, "auto")
+        if gaps:
+            print(f"  {'even against odd steps':<36} |even/odd - 1| {stats(gaps)}, over 6 %: {sum(g > 0.06 for g in gaps)}, "
+                  f"over 8 %: {sum(g > 0.08 for g in gaps)} of {len(gaps)}; fastest by one half right by the other "
+                  f"{by_half}/{judged}, the default's fastest {by_prediction}/{judged}")
 
 
 def main() -> int:
