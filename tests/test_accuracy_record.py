@@ -24,7 +24,7 @@ def without_timing(text: str) -> list[str]:
 @pytest.mark.parametrize("script, runs, recorded", [
     ("validation_accuracy.py", "validation_accuracy_runs.json.gz", "validation_accuracy.txt"),  # gloo, CPU, 108
     ("validation_accuracy.py", "validation_accuracy_gpu_runs.json.gz", "validation_accuracy_gpu.txt"),  # one H100
-    # seeded random models, every schedule from one calibration, replays (11 x 144 runs)
+    # seeded random models, every schedule from one calibration, replays (12 x 144 runs)
     ("accuracy_random.py", "accuracy_random_seed2026_runs.json.gz", "accuracy_random_seed2026.txt"),
     ("accuracy_random.py", "accuracy_random_seed7_runs.json.gz", "accuracy_random_seed7.txt"),
     ("accuracy_random.py", "accuracy_random_seed2027_runs.json.gz", "accuracy_random_seed2027.txt"),
@@ -42,6 +42,8 @@ def without_timing(text: str) -> list[str]:
     ("accuracy_random.py", "accuracy_random_seed2034_runs.json.gz", "accuracy_random_seed2034.txt"),
     # drawn fresh after the replay's wake latency (2026-11-26)
     ("accuracy_random.py", "accuracy_random_seed2035_runs.json.gz", "accuracy_random_seed2035.txt"),
+    # drawn fresh after the even-against-odd-steps report, no change to the predictor (2026-11-26)
+    ("accuracy_random.py", "accuracy_random_seed2036_runs.json.gz", "accuracy_random_seed2036.txt"),
 ])
 def test_saved_runs_reproduce_the_recorded_accuracy(script, runs, recorded):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--from-runs",
