@@ -60,8 +60,7 @@ def main() -> int:
             dp = d["data_parallel"]
             errors.append(abs(d["makespan_rel_error"]))
             steps = d["measured_makespans"]
-            halves.append(abs(statistics.median(steps[0::2]) / statistics.median(steps[1::2]) - 1)
-                          if len(steps) > 1 else float("nan"))
+            halves.append(d["measured_halves_apart"] if d["measured_halves_apart"] is not None else float("nan"))
             print(f"{folder.name:24} {100 * d['makespan_rel_error']:+6.1f}% {100 * d['replay_makespan_rel_error']:+6.1f}% "
                   f"{100 * d['predicted']['bubble_ratio']:5.0f}/{100 * d['measured']['bubble_ratio']:<5.0f} "
                   f"{1e3 * dp['predicted_exposed']:7.0f}/{1e3 * dp['measured_exposed']:<7.0f} "

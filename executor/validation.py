@@ -28,7 +28,7 @@ from pipesched.simulator.compare import Comparison, compare
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.memory import resident_bytes
 from pipesched.simulator.replay import replay
-from pipesched.simulator.run_costs import relative_iqr
+from pipesched.simulator.run_costs import halves_apart, relative_iqr
 from pipesched.simulator.trace import Trace
 
 from .calibrate import CalibrationOptions, oversubscribed
@@ -116,6 +116,7 @@ class Validation:
 
         host = self.costs.host
         rc = self.replay_comparison
+        steps = self.measured.meta.get("makespans") or []
         return {
             "schedule": self.measured.schedule, "ranks": self.measured.ranks,
             "microbatches": self.measured.microbatches, "backend": self.run.backend,
@@ -146,7 +147,9 @@ class Validation:
                          for r, (pp, mp) in zip(c.per_rank, self.param_bytes)],
             "per_op": [{"op": o.op, "count": o.count, "predicted_median": o.predicted_median,
                         "measured_median": o.measured_median, "rel_error": o.rel_error} for o in c.per_op],
-            "step_times": self.run.step_times, "measured_makespans": self.measured.meta.get("makespans"),
+            "step_times": self.run.step_times, "measured_makespans": steps,
+            "measured_steps_spread": relative_iqr(steps) if len(steps) > 1 else None,
+            "measured_halves_apart": halves_apart(steps),
             "max_grad_rel_error": None if self.run.check is None else self.run.check.max_grad_rel_error,
             "loss_matches_reference": None if self.run.check is None else self.run.check.loss_matches,
             "warnings": self.warnings(),

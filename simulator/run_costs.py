@@ -76,6 +76,16 @@ def relative_iqr(values) -> float:
     return float(q3 - q1) / float(median)
 
 
+def halves_apart(values) -> float | None:
+    """|median of the even-numbered values / median of the odd-numbered ones - 1|: two
+    halves of one series of measurements (steps taken in turn with other work) held
+    against each other, how well the measurement repeats itself; None under two values."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return None
+    return abs(float(np.median(values[0::2])) / float(np.median(values[1::2])) - 1.0)
+
+
 def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], host_time: bool = False,
                     sharing: HostSharing | None = None, residual: bool = True) -> CostModel:
     """`base` (a calibration with `model_stages`) with each model stage's op times read

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,12 @@ def test_validate_reports_predicted_against_measured(tmp_path):
     for side in ("predicted", "measured"):
         assert {"makespan", "bubble_ratio", "per_rank"} <= set(doc[side])
     assert doc["schedule"] == "zb-h1" and len(doc["per_rank"]) == 2 and doc["loss_matches_reference"]
+    # the measurement against itself, beside the error: even steps' median against the odd ones'
+    steps = doc["measured_makespans"]
+    assert len(steps) >= 5
+    assert doc["measured_halves_apart"] == pytest.approx(abs(statistics.median(steps[0::2])
+                                                             / statistics.median(steps[1::2]) - 1))
+    assert 0 <= doc["measured_steps_spread"] < 1
     # loose bounds: the prediction is in the right place even on a busy machine
     assert abs(doc["makespan_rel_error"]) < 0.3, doc["makespan_rel_error"]
     assert doc["bubble_abs_error"] < 0.15

@@ -10,6 +10,7 @@ pytest.importorskip("torch")
 
 from pipesched.executor.validation import too_short, warnings_for  # noqa: E402
 from pipesched.simulator.costs import CostModel, HostOverhead, StageCost  # noqa: E402
+from pipesched.simulator.run_costs import halves_apart  # noqa: E402
 
 LONG = CostModel(stages=(StageCost(4e-3, 4e-3, 4e-3),), host_overhead=HostOverhead(per_op=1e-4, per_take=1e-4))
 
@@ -35,3 +36,11 @@ def test_calibration_samples_that_disagree_are_reported():
     noisy = replace(LONG, meta={"calibrated": {"interference_samples": [0.05, 0.21]}})
     (warning,) = warnings_for(noisy, [])
     assert "as 5 % to 21 %" in warning
+
+
+def test_the_measurement_against_itself_holds_even_steps_against_odd_ones():
+    # every other step slow: the even steps' median 100 ms, the odd ones' 120 ms
+    assert halves_apart([0.100, 0.120, 0.101, 0.119, 0.100, 0.121]) == pytest.approx(1 - 0.100 / 0.120)
+    # a slow phase shared by both halves moves neither median apart
+    assert halves_apart([0.100, 0.100, 0.150, 0.150, 0.100, 0.100]) == 0.0
+    assert halves_apart([0.100]) is None and halves_apart([]) is None

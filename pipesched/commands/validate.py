@@ -2,7 +2,9 @@
 
 Prints predicted and measured makespan and their relative error, per-rank bubble ratio
 (predicted, measured, difference), the median and p90 of per-op start-time error
-divided by the makespan, and peak memory per rank predicted vs measured; writes both
+divided by the makespan, how well the measured steps repeat (their spread, and how far
+the even steps' median is from the odd ones': an error within that is within the
+machine's noise), and peak memory per rank predicted vs measured; writes both
 traces and the predicted-vs-measured figure into --out. Every report carries the replay
 error (the run simulated again with its own measured durations: the simulator's share of
 the error); --replay adds the replay per rank and writes replay.json.
@@ -160,6 +162,10 @@ def print_report(s: dict, costs, replay: bool = False) -> None:
           f"{_pct(s['replay_makespan_rel_error']):>12}   (measured durations: the simulator's own error)")
     print(f"op start-time error / makespan: p50 {100 * s['start_time_error_p50']:.2f} %, "
           f"p90 {100 * s['start_time_error_p90']:.2f} %")
+    if s.get("measured_halves_apart") is not None:
+        print(f"measured over {len(s['measured_makespans'])} steps: spread {100 * s['measured_steps_spread']:.1f} % "
+              f"(IQR / median); even and odd steps' medians {100 * s['measured_halves_apart']:.1f} % apart "
+              "(the measurement against itself)")
     print(f"{'rank':>4}  {'bubble pred':>11}  {'meas':>7}  {'diff':>8}  {'peak mem pred':>13}  {'meas':>10}  "
           f"{'error':>9}  {'params pred':>11}  {'meas':>10}")
     for r in s["per_rank"]:
