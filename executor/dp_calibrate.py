@@ -152,7 +152,8 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
 
     # 4. op times with every replica running: the calibration runs (1F1B and ZB-H1 for one
     # model stage per rank), d replicas of each
-    runs, result = run_traces(ctx, schedule, model, options, replicas, beside) if from_runs else ([], None)
+    runs, results = run_traces(ctx, schedule, model, options, replicas, beside) if from_runs else ([], [])
+    result = results[0] if results else None
     if beside is not None and not from_runs:
         result = run_schedule(ctx, schedule, model, beside)
 

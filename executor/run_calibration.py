@@ -35,6 +35,7 @@ made with every replica running.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from pipesched.schedules.ir import Schedule, ScheduleError
@@ -116,31 +117,35 @@ def calibrate_with_runs(ctx: RankContext, schedule: Schedule, model: PipelineMod
 
 
 def calibrate_then_run(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
-                       options: CalibrationOptions, run: RunOptions | None = None
-                       ) -> tuple[CostModel | None, RunResult | None]:
+                       options: CalibrationOptions, run: RunOptions | None = None,
+                       also: Sequence[tuple[Schedule, PipelineModel | ExampleModel]] = ()
+                       ) -> tuple[CostModel | None, list[RunResult]]:
     """Collective: `calibrate_here`, the calibration runs where op times come from runs,
-    and with `run` also `schedule`'s own run, its steps in turn with theirs
-    (`run_traces`). Rank 0 gets (the cost model, `schedule`'s RunResult or None); the
-    other ranks (None, None)."""
+    and with `run` also `schedule`'s own run and those of `also` (other schedules of the
+    same network, each with its model), their steps in turn with theirs (`run_traces`).
+    Rank 0 gets (the cost model, the RunResults of `schedule` and `also`, none without
+    `run`); the other ranks (None, [])."""
     base = calibrate_here(ctx, schedule, model, options)
     if not uses_runs(options, ctx):
-        result = run_schedule(ctx, schedule, model, run) if run is not None else None
-        return base, result
-    traces, result = run_traces(ctx, schedule, model, options, beside=run)
+        results = [run_schedule(ctx, s, m, run) for s, m in [(schedule, model), *also]] if run is not None else []
+        return (base, results) if ctx.rank == 0 else (None, [])
+    traces, results = run_traces(ctx, schedule, model, options, beside=run, also=also)
     if ctx.rank != 0:
-        return None, None
-    return (costs_from_runs(base, traces, host_time=True, sharing=base.host) if traces else base), result
+        return None, []
+    return (costs_from_runs(base, traces, host_time=True, sharing=base.host) if traces else base), results
 
 
 def run_traces(ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
-               options: CalibrationOptions, replicas: int = 1, beside: RunOptions | None = None
-               ) -> tuple[list[tuple[Schedule, Trace]], RunResult | None]:
+               options: CalibrationOptions, replicas: int = 1, beside: RunOptions | None = None,
+               also: Sequence[tuple[Schedule, PipelineModel | ExampleModel]] = ()
+               ) -> tuple[list[tuple[Schedule, Trace]], list[RunResult]]:
     """Collective: steps of each of `schedule`'s calibration runs, `replicas` data-parallel
-    replicas of each. With `beside` (its `dp` must be `replicas`), `schedule` runs too, as
-    `beside` says, and the calibration runs take as many steps as it, one step of each in
-    turn (`job.run_in_turn`): a host whose speed drifts, as shared machines' does, then
-    slows the calibration and the run alike. Rank 0 gets (every measured step of every
-    calibration run as (run, replica 0's Trace), `schedule`'s RunResult or None)."""
+    replicas of each. With `beside` (its `dp` must be `replicas`), `schedule` and the
+    schedules of `also` run too, as `beside` says, and the calibration runs take as many
+    steps as they do, one step of each in turn (`job.run_in_turn`): a host whose speed
+    drifts, as shared machines' does, then slows the calibration and the runs alike.
+    Rank 0 gets (every measured step of every calibration run as (run, replica 0's
+    Trace), the RunResults of `schedule` and `also`, none without `beside`)."""
     runs = [(r, model) for r in calibration_runs(schedule)]
     other = other_split_run(schedule, model) if runs else None
     runs += [other] if other is not None else []
@@ -151,11 +156,14 @@ def run_traces(ctx: RankContext, schedule: Schedule, model: PipelineModel | Exam
     what = f"{steps.steps}+ steps" if steps.min_time > 0 else f"{steps.steps} steps"
     progress.say(ctx.rank, f"calibrating: op times from {what} of {', '.join(r.name for r, _ in runs) or 'no run'}"
                  + (f" x {replicas} replicas" if replicas > 1 else "")
-                 + (f", in turn with {schedule.name}'s" if beside is not None else ""))
+                 + (f", in turn with {', '.join(s.name for s, _ in [(schedule, model), *also])}'s"
+                    if beside is not None else ""))
+    if also and beside is None:
+        raise ValueError("other schedules run beside the calibration only with run options (beside)")
     plan = [(r, m, replace(steps, check=False)) for r, m in runs] + \
-        ([(schedule, model, beside)] if beside is not None else [])
+        ([(s, m, beside) for s, m in [(schedule, model), *also]] if beside is not None else [])
     results = run_in_turn(ctx, plan) if plan else []
     if ctx.rank != 0:
-        return [], None
+        return [], []
     traces = [(r, t) for (r, _), result in zip(runs, results) for t in result.step_traces]
-    return traces, (results[-1] if beside is not None else None)
+    return traces, results[len(runs):]

@@ -16,6 +16,10 @@ measured from the modules).
 Beside the prediction, the run is replayed (`simulator.replay`): simulated again with
 the durations it measured, so the replay's error is the simulator's own and the rest of
 the prediction's error is cost estimation.
+
+`validate_schedules` asks which of several schedules wins: one calibration predicts all
+of them, and their runs (on the same network) take their steps in turn, so the measured
+ranking is not the host's drift.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from pipesched.simulator.trace import Trace
 from .calibrate import CalibrationOptions, oversubscribed
 from .dp_calibrate import calibrate_data_parallel
 from .job import RunOptions, RunResult
-from .run_calibration import calibrate_then_run
+from .run_calibration import calibrate_then_run, resplit_blocks
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
 
@@ -180,8 +184,18 @@ def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel
                       calibration: CalibrationOptions, options: RunOptions):
     """Collective: calibrate, then run (with op times from runs, the run's steps in turn
     with the calibration runs'); rank 0 returns (costs, RunResult)."""
-    costs, result = calibrate_then_run(ctx, schedule, model, calibration, options)
-    return None if ctx.rank != 0 else (costs, result)
+    costs, results = calibrate_then_run(ctx, schedule, model, calibration, options)
+    return (costs, results[0]) if ctx.rank == 0 else None
+
+
+def calibrate_and_run_all(ctx: RankContext, schedules: list[Schedule], models: list, calibration: CalibrationOptions,
+                          options: RunOptions):
+    """Collective: calibrate once (as for the first schedule), then run every schedule on
+    its model, their steps in turn with each other's and the calibration runs'; rank 0
+    returns (costs, one RunResult per schedule)."""
+    costs, results = calibrate_then_run(ctx, schedules[0], models[0], calibration, options,
+                                        also=list(zip(schedules[1:], models[1:])))
+    return (costs, results) if ctx.rank == 0 else None
 
 
 def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),
@@ -208,6 +222,48 @@ def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, o
         return None
     costs, result = out
     return assemble(schedule, costs, result, options)
+
+
+def validate_schedules(schedules: list[Schedule], model: PipelineModel | ExampleModel,
+                       options: RunOptions = RunOptions(), calibration: CalibrationOptions = CalibrationOptions(),
+                       backend: str = "gloo") -> list[Validation]:
+    """Which of several schedules wins on one network, predicted and measured: one
+    calibration (as `validate_schedule` calibrates the first schedule), then every
+    schedule run on the same network, a step of each in turn, and each compared with its
+    prediction from that one cost model. The schedules need the same ranks; `model` is
+    the network as split for the first, the others get it split for them
+    (`same_network`). One local launch: not under torchrun, no data parallelism."""
+    if not schedules:
+        raise ValueError("no schedule to validate")
+    if options.dp > 1 or under_torchrun():
+        raise ValueError("several schedules are validated in one local launch, without --dp or torchrun")
+    first = schedules[0]
+    if any(s.ranks != first.ranks for s in schedules):
+        raise ValueError("the schedules compared must have as many ranks: "
+                         + ", ".join(f"{s.name} {s.ranks}" for s in schedules))
+    models = [same_network(model, first, s) for s in schedules]
+    calibration.check()
+    calibration = calibration.__class__(**{**calibration.__dict__, "timeout": options.timeout})
+    out = launch_local(calibrate_and_run_all, (schedules, models, calibration, options), first.ranks, backend,
+                       options.timeout * len(schedules))
+    costs, results = out
+    return [assemble(s, costs, r, options) for s, r in zip(schedules, results)]
+
+
+def same_network(model: PipelineModel | ExampleModel, split_for: Schedule, schedule: Schedule
+                 ) -> PipelineModel | ExampleModel:
+    """`model` (split into `split_for`'s model stages) split into `schedule`'s: itself
+    where they have as many, an example model's blocks halved or paired where one has
+    twice as many; ValueError otherwise."""
+    have, want = split_for.num_model_stages, schedule.num_model_stages
+    if have == want:
+        return model
+    blocks = resplit_blocks(model.layers_per_stage, have, want) if isinstance(model, ExampleModel) else None
+    if blocks is None:
+        raise ValueError(f"{schedule.name} cuts the network into {want} model stages and {split_for.name} into "
+                         f"{have}: only an example model whose stages' blocks halve can run both "
+                         "(e.g. --layers-per-stage 2)")
+    return replace(model, layers_per_stage=blocks)
 
 
 def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: RunOptions = RunOptions()

@@ -52,7 +52,7 @@ __all__ = [
     "replay", "ReplayError",
     # the executor (torch)
     "PipelineModel", "ExampleModel", "RunOptions", "RunResult", "CalibrationOptions", "Validation",
-    "run", "calibrate", "validate",
+    "run", "calibrate", "validate", "validate_many",
 ]
 
 
@@ -181,6 +181,24 @@ def validate(schedule: Schedule, model: "PipelineModel | ExampleModel", options:
     options = options or RunOptions()
     prepare(schedule, model, backend, options.dp)
     return validate_schedule(schedule, model, options or RunOptions(), calibration or CalibrationOptions(), backend)
+
+
+def validate_many(schedules: "list[Schedule]", model: "PipelineModel | ExampleModel",
+                  options: "RunOptions | None" = None, calibration: "CalibrationOptions | None" = None,
+                  backend: str = "gloo") -> "list[Validation]":
+    """Which of several schedules (same ranks) wins on one network: one calibration
+    predicts them all, their runs take their steps in turn in one local launch, and each
+    is compared with its prediction. `model` is the network as split for the first
+    schedule; an example model is split for the others (v = 2 schedules: half the blocks
+    per model stage). No data parallelism, not under torchrun."""
+    from .executor.calibrate import CalibrationOptions
+    from .executor.job import RunOptions, prepare
+    from .executor.validation import same_network, validate_schedules
+
+    options = options or RunOptions()
+    for schedule in schedules:
+        prepare(schedule, same_network(model, schedules[0], schedule), backend, options.dp)
+    return validate_schedules(list(schedules), model, options, calibration or CalibrationOptions(), backend)
 
 
 _LAZY = {"PipelineModel": "models", "ExampleModel": "models", "RunOptions": "job", "RunResult": "job",

@@ -20,3 +20,8 @@ def fmt_bytes(x: float) -> str:
             return f"{x:.0f} B" if unit == "B" else f"{x:.4g} {unit}"
         x /= 1024
     return f"{x:.4g} TiB"
+
+
+def fmt_rel(x: float | None) -> str:
+    """A relative error as a signed percentage; n/a where there is none."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f} %"

@@ -122,6 +122,10 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     (["validate", "1f1b", "-p", "2", "-m", "4", "--steps", "0"], "--steps"),
     (["validate", "1f1b", "-p", "2", "-m", "4", "--backend", "nccl"], "CUDA"),
     (["validate", "1f1b", "-p", "2", "-m", "4", "--out", "/proc/x"], "cannot create --out"),
+    (["validate", "1f1b,1f1b", "-p", "2", "-m", "4"], "distinct names"),
+    (["validate", "1f1b,zb-h1", "-p", "2", "-m", "4", "--dp", "2"], "without --dp"),
+    (["validate", "1f1b,nosuch", "-p", "2", "-m", "4"], "unknown schedule 'nosuch'"),
+    (["validate", "1f1b,zb-v", "-p", "2", "-m", "4", "--layers-per-stage", "3"], "blocks halve"),
 ])
 def test_bad_input_is_refused_in_one_line_before_launch(args, message, tmp_path):
     if "--backend" in args:
@@ -134,6 +138,30 @@ def test_bad_input_is_refused_in_one_line_before_launch(args, message, tmp_path)
     assert len(lines) == 1 and message in lines[0], proc.stderr
 
 
+def test_validate_several_schedules_from_one_calibration(tmp_path):
+    # one launch: one calibration predicts all three, their runs take their steps in turn;
+    # ZB-V (v = 2) runs the same network cut in twice as many model stages
+    proc = pipesched("validate", "1f1b,zb-h1,zb-v", "-p", "2", "-m", "4", *SMALL, "--steps", "3", "--warmup", "1",
+                     "--json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert "in turn with 1f1b, zb-h1, zb-v's" in proc.stderr
+    assert [s["schedule"] for s in doc["schedules"]] == ["1f1b", "zb-h1", "zb-v"]
+    predicted = {s["schedule"]: s["predicted"]["makespan"] for s in doc["schedules"]}
+    measured = {s["schedule"]: s["measured"]["makespan"] for s in doc["schedules"]}
+    ranking = doc["ranking"]
+    assert ranking["predicted"] == sorted(predicted, key=predicted.get)
+    assert ranking["measured"] == sorted(measured, key=measured.get)
+    assert ranking["pick_over_fastest"] == pytest.approx(
+        measured[ranking["predicted_fastest"]] / measured[ranking["measured_fastest"]] - 1)
+    for s in doc["schedules"]:
+        assert abs(s["makespan_rel_error"]) < 0.3 and s["loss_matches_reference"], s["schedule"]
+        assert len(s["measured_makespans"]) >= 3 and (tmp_path / s["schedule"] / "validate.png").exists()
+    # one cost model for all: every schedule's saved costs are the same calibration
+    costs = [load(tmp_path / name / "costs.json") for name in predicted]
+    assert costs[0] == costs[1] == costs[2] and len(costs[0].model_stages) == 2
+
+
 def test_validate_measures_ten_steps_by_default_and_run_five():
     from pipesched.cli import build_parser
 
@@ -141,3 +169,18 @@ def test_validate_measures_ten_steps_by_default_and_run_five():
     assert parse(["validate", "1f1b", "-p", "2", "-m", "4"]).steps == 10
     assert parse(["run", "1f1b", "-p", "2", "-m", "4"]).steps == 5
     assert parse(["validate", "1f1b", "-p", "2", "-m", "4", "--steps", "3"]).steps == 3
+
+
+def test_validate_many_from_python_splits_the_network_for_each_schedule():
+    import pipesched as ps
+
+    model = ps.ExampleModel(hidden=128, layers_per_stage=2, microbatch_size=16)
+    schedules = [ps.build("gpipe", 2, 4), ps.build("interleaved-1f1b", 2, 4)]
+    got = ps.validate_many(schedules, model, ps.RunOptions(steps=2, warmup=1),
+                           ps.CalibrationOptions(repeats=3, warmup=1))
+    assert [v.measured.schedule for v in got] == ["gpipe", "interleaved-1f1b"]
+    assert got[0].costs == got[1].costs  # one calibration
+    assert all(v.run.check.loss_matches and v.run.check.grads_match for v in got)
+    # the same network of four blocks: interleaved 1F1B's four model stages hold one each
+    assert "layers_per_stage=2" in got[0].measured.meta["model"]
+    assert "layers_per_stage=1" in got[1].measured.meta["model"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -24,14 +23,18 @@ from pipesched.schedules.outputs import check_distinct
 from ..errors import UsageError
 from ..executor_args import (add_calibration_args, add_executor_args, add_measurement_args, calibration_options,
                              check_launchable_ranks, import_executor, model_from_args, prepare_checked, run_options)
-from ..formatting import fmt_bytes, fmt_seconds
+from ..formatting import fmt_bytes, fmt_rel, fmt_seconds
 from ..options import add_schedule_args, schedule_from_args
 from ..tables import print_costs
 from ..terminal import printable, wrote
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("validate", help="calibrate, simulate, run and compare predicted with measured")
+    p = sub.add_parser("validate", help="calibrate, simulate, run and compare predicted with measured",
+                       description="Calibrate, simulate, run and compare predicted with measured. SCHEDULE may "
+                                   "be a comma-separated list (e.g. 1f1b,zb-h1,dualpipe): one calibration "
+                                   "predicts them all, their runs take their steps in turn on the same network, "
+                                   "and the predicted and measured fastest are compared.")
     add_schedule_args(p)
     add_executor_args(p)
     add_calibration_args(p)
@@ -49,12 +52,14 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .validate_many import is_list, run_many
+
+    if is_list(args.schedule):
+        return run_many(args)
     if args.out is not None:  # before torch is imported: refused at once
         check_out_folder(args.out, args.schedule)
     import_executor("validate")
-    from pipesched.executor.comm import ExecutorError
     from pipesched.executor.validation import validate_schedule
-    from pipesched.simulator.costs import save
 
     options = run_options(args)
     check_launchable_ranks(args.ranks, options.dp)
@@ -63,38 +68,57 @@ def run(args: argparse.Namespace) -> int:
     prepare_checked(schedule, model, args.backend, options.dp)
     calibration = calibration_options(args)
     out = make_out_folder(args.out)  # the last check before the long work
-    try:
-        result = validate_schedule(schedule, model, options, calibration, args.backend)
-    except ExecutorError as exc:
-        print(f"pipesched: error: {exc}", file=sys.stderr)
-        _remove_if_empty(out)
-        return 1
-    except BaseException:
-        _remove_if_empty(out)
-        raise
+    result, status = run_into(out, lambda: validate_schedule(schedule, model, options, calibration, args.backend))
+    if status:
+        return status
     if result is None:  # a rank other than 0 under torchrun
-        _remove_if_empty(out)
+        remove_if_empty(out)
         return 0
-    result.predicted.save(out / "predicted.json")
-    result.measured.save(out / "measured.json")
-    save(result.costs, out / "costs.json")
-    files = list(OUT_FILES)
-    if args.replay:
-        result.replayed.save(out / "replay.json")
-        files.append("replay.json")
-    from ..plots.compare import plot_compare
-    plot_compare(result.predicted, result.measured, out / "validate.png")
-    summary = result.summary()
-    summary["files"] = [str(out / name) for name in files]
+    summary = write_results(result, out, args.replay)
     for warning in summary["warnings"]:
         print(f"pipesched: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary, indent=1))
-        wrote(out, ", ".join(files), to_stderr=True)
+        wrote(out, ", ".join(Path(f).name for f in summary["files"]), to_stderr=True)
     else:
         print_report(summary, result.costs, args.replay)
     check = result.run.check
     return 1 if check is not None and not (check.loss_matches and check.grads_match) else 0
+
+
+def run_into(out: Path, work):
+    """(`work()`, 0); on an executor error one line and (None, 1). `out` is removed when
+    nothing was written into it, on any exception (which propagates)."""
+    from pipesched.executor.comm import ExecutorError
+
+    try:
+        return work(), 0
+    except ExecutorError as exc:
+        print(f"pipesched: error: {exc}", file=sys.stderr)
+        remove_if_empty(out)
+        return None, 1
+    except BaseException:
+        remove_if_empty(out)
+        raise
+
+
+def write_results(result, out: Path, replay: bool) -> dict:
+    """Write a Validation's traces, costs and figure (and the replay with `replay`) into
+    `out`; its --json document, with the files written."""
+    from pipesched.simulator.costs import save
+
+    from ..plots.compare import plot_compare
+
+    files = list(OUT_FILES) + (["replay.json"] if replay else [])
+    result.predicted.save(out / "predicted.json")
+    result.measured.save(out / "measured.json")
+    save(result.costs, out / "costs.json")
+    if replay:
+        result.replayed.save(out / "replay.json")
+    plot_compare(result.predicted, result.measured, out / "validate.png")
+    summary = result.summary()
+    summary["files"] = [str(out / name) for name in files]
+    return summary
 
 
 def check_out_folder(out: str, schedule: str) -> None:
@@ -126,15 +150,11 @@ def make_out_folder(out: str | None) -> Path:
     return Path(out)
 
 
-def _remove_if_empty(folder: Path) -> None:
+def remove_if_empty(folder: Path) -> None:
     try:
         folder.rmdir()  # only succeeds when nothing was written into it
     except OSError:
         pass
-
-
-def _pct(x: float) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.2f} %"
 
 
 def print_report(s: dict, costs, replay: bool = False) -> None:
@@ -154,12 +174,12 @@ def print_report(s: dict, costs, replay: bool = False) -> None:
     p, m = s["predicted"], s["measured"]
     print(f"{'':<24}{'predicted':>12}{'measured':>12}{'error':>12}")
     print(f"{'makespan':<24}{fmt_seconds(p['makespan']):>12}{fmt_seconds(m['makespan']):>12}"
-          f"{_pct(s['makespan_rel_error']):>12}")
+          f"{fmt_rel(s['makespan_rel_error']):>12}")
     print(f"{'bubble ratio':<24}{100 * p['bubble_ratio']:>10.2f} %{100 * m['bubble_ratio']:>10.2f} %"
           f"{100 * (p['bubble_ratio'] - m['bubble_ratio']):>+9.2f} pt")
     rp = s["replay"]
     print(f"{'replay':<24}{fmt_seconds(rp['makespan']):>12}{fmt_seconds(m['makespan']):>12}"
-          f"{_pct(s['replay_makespan_rel_error']):>12}   (measured durations: the simulator's own error)")
+          f"{fmt_rel(s['replay_makespan_rel_error']):>12}   (measured durations: the simulator's own error)")
     print(f"op start-time error / makespan: p50 {100 * s['start_time_error_p50']:.2f} %, "
           f"p90 {100 * s['start_time_error_p90']:.2f} %")
     if s.get("measured_halves_apart") is not None:
@@ -171,14 +191,14 @@ def print_report(s: dict, costs, replay: bool = False) -> None:
     for r in s["per_rank"]:
         print(f"{r['rank']:>4}  {100 * r['predicted_bubble']:>9.2f} %  {100 * r['measured_bubble']:>5.2f} %  "
               f"{100 * r['bubble_error']:>+5.2f} pt  {fmt_bytes(r['predicted_peak_memory']):>13}  "
-              f"{fmt_bytes(r['measured_peak_memory']):>10}  {_pct(r['peak_memory_rel_error']):>9}  "
+              f"{fmt_bytes(r['measured_peak_memory']):>10}  {fmt_rel(r['peak_memory_rel_error']):>9}  "
               f"{fmt_bytes(r['predicted_param_bytes']):>11}  {fmt_bytes(r['measured_param_bytes']):>10}")
     if replay:
         print(f"{'rank':>4}  {'finish pred':>11}  {'replay':>9}  {'meas':>9}  {'pred err':>9}  {'replay err':>10}")
         for a, b in zip(s["per_rank"], rp["per_rank"]):
             print(f"{a['rank']:>4}  {fmt_seconds(a['predicted_finish']):>11}  {fmt_seconds(b['finish']):>9}  "
-                  f"{fmt_seconds(a['measured_finish']):>9}  {_pct(a['finish_rel_error']):>9}  "
-                  f"{_pct(b['finish_rel_error']):>10}")
+                  f"{fmt_seconds(a['measured_finish']):>9}  {fmt_rel(a['finish_rel_error']):>9}  "
+                  f"{fmt_rel(b['finish_rel_error']):>10}")
         if not rp["transfers_replayed"]:
             print("note: the trace does not say when receives were taken; the replay kept the modelled link times")
     ops = ", ".join(f"{o['op']} {fmt_seconds(o['predicted_median'])} vs {fmt_seconds(o['measured_median'])}"

@@ -1,0 +1,115 @@
+"""`pipesched validate A,B,C`: which of several schedules wins on this model, predicted
+from one calibration and measured in one launch.
+
+The ranks calibrate once (as `validate A` would), then run every named schedule on the
+same network (an example model is split for each: v = 2 schedules get half the blocks
+per model stage), a step of each in turn, so a host whose speed drifts slows them all
+alike. Printed per schedule: predicted and measured makespan, the error, the replay's
+error and how far the run's even and odd steps are apart (the measurement against
+itself); then the predicted and the measured fastest, and how far the predicted pick
+measured from the fastest. Each schedule's files go to --out/NAME/; --json prints
+{"schedules": [validate's document per schedule], "ranking": {...}}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+from ..executor_args import (calibration_options, check_launchable_ranks, import_executor, model_from_args,
+                             prepare_checked, run_options)
+from ..formatting import fmt_rel, fmt_seconds
+from ..options import schedule_from_args
+from ..tables import print_costs
+from ..terminal import printable, wrote
+
+
+def is_list(text: str) -> bool:
+    """Whether a SCHEDULE argument names several schedules (comma-separated), not a file."""
+    return "," in text and not Path(text).exists()
+
+
+def run_many(args: argparse.Namespace) -> int:
+    """The `validate` command for a comma-separated list of schedules (module docstring)."""
+    from .validate import check_out_folder, make_out_folder, run_into, write_results
+
+    items = [item.strip() for item in args.schedule.split(",")]
+    if any(not item for item in items) or len(set(items)) != len(items):
+        raise UsageError(f"SCHEDULE: expected distinct names or files separated by commas, got {args.schedule!r}")
+    if args.dp and args.dp > 1:
+        raise UsageError("several schedules are validated without --dp: validate one schedule with --dp")
+    schedules = [schedule_from_args(argparse.Namespace(**{**vars(args), "schedule": item})) for item in items]
+    folders = [_folder_name(s.name, i) for i, s in enumerate(schedules)]
+    if len(set(folders)) != len(folders):  # two files holding schedules of one name
+        folders = [f"{i + 1}-{name}" for i, name in enumerate(folders)]
+    if args.out is not None:
+        for item, name in zip(items, folders):
+            check_out_folder(str(Path(args.out) / name), item)
+    import_executor("validate")
+    from pipesched.executor.validation import same_network, validate_schedules
+
+    options = run_options(args)
+    check_launchable_ranks(args.ranks, options.dp)
+    model = model_from_args(args, schedules[0])
+    for schedule in schedules:
+        try:
+            prepare_checked(schedule, same_network(model, schedules[0], schedule), args.backend)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    calibration = calibration_options(args)
+    out = make_out_folder(args.out)  # the last check before the long work
+    results, status = run_into(out, lambda: validate_schedules(schedules, model, options, calibration, args.backend))
+    if status:
+        return status
+    summaries = []
+    for result, name in zip(results, folders):
+        (out / name).mkdir(exist_ok=True)
+        summary = write_results(result, out / name, args.replay)
+        summaries.append(summary)
+        for warning in summary["warnings"]:
+            print(f"pipesched: warning: {printable(result.measured.schedule)}: {warning}", file=sys.stderr)
+    ranking = ranking_of(summaries)
+    if args.json:
+        print(json.dumps({"schedules": summaries, "ranking": ranking}, indent=1))
+        wrote(out, ", ".join(f"{name}/" for name in folders), to_stderr=True)
+    else:
+        print_costs(results[0].costs)
+        print_table(summaries, ranking)
+        wrote(out, ", ".join(f"{name}/" for name in folders))
+    checks = [r.run.check for r in results]
+    return 1 if any(c is not None and not (c.loss_matches and c.grads_match) for c in checks) else 0
+
+
+def ranking_of(summaries: list[dict]) -> dict:
+    """The schedules fastest first by prediction and by measurement, and how much longer
+    (relative) the predicted fastest measured than the measured fastest."""
+    def order(side: str) -> list[str]:
+        return [s["schedule"] for s in sorted(summaries, key=lambda s: s[side]["makespan"])]
+
+    measured = {s["schedule"]: s["measured"]["makespan"] for s in summaries}
+    predicted_order, measured_order = order("predicted"), order("measured")
+    return {"predicted": predicted_order, "measured": measured_order,
+            "predicted_fastest": predicted_order[0], "measured_fastest": measured_order[0],
+            "pick_over_fastest": measured[predicted_order[0]] / measured[measured_order[0]] - 1}
+
+
+def print_table(summaries: list[dict], ranking: dict) -> None:
+    print(f"{'schedule':<20}{'predicted':>12}{'measured':>12}{'error':>10}{'replay':>10}{'halves apart':>14}")
+    for s in summaries:
+        halves = s.get("measured_halves_apart")
+        print(f"{printable(s['schedule']):<20}{fmt_seconds(s['predicted']['makespan']):>12}"
+              f"{fmt_seconds(s['measured']['makespan']):>12}{fmt_rel(s['makespan_rel_error']):>10}"
+              f"{fmt_rel(s['replay_makespan_rel_error']):>10}"
+              f"{'n/a' if halves is None else f'{100 * halves:.1f} %':>14}")
+    pick, best = ranking["predicted_fastest"], ranking["measured_fastest"]
+    print(f"fastest predicted: {printable(pick)}; measured: {printable(best)}"
+          + ("" if pick == best else f" (the predicted pick measured {100 * ranking['pick_over_fastest']:.1f} % longer)"))
+    print("note: two schedules whose measured makespans differ by less than their runs' halves are apart "
+          "are within this machine's noise")
+
+
+def _folder_name(name: str, index: int) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name) else f"schedule-{index + 1}"
