@@ -27,8 +27,9 @@ from . import reference, replicas
 from . import progress
 from .clock import clock_offset
 from .data_parallel import Layout, last_weight_tasks, replica_model
-from .launch import RankContext, check_backend, check_launchable, launch_local, run_here, under_torchrun
-from .models import ExampleModel, PipelineModel, TensorSpec, check_model
+from .launch import (RankContext, available_memory, check_backend, check_launchable, launch_local, run_here,
+                     under_torchrun)
+from .models import ExampleModel, ModelError, PipelineModel, TensorSpec, check_model
 from .runtime import RankRuntime, RankStep
 
 MEMORY_COUNTED = ("bytes of tensors saved for backward (saved-tensor hooks) and of the gradients a split B "
@@ -105,9 +106,27 @@ def prepare(schedule: Schedule, model: PipelineModel | ExampleModel, backend: st
     graph = validate(schedule)
     check_backend(backend, 1 if under_torchrun() else schedule.ranks * dp)
     if isinstance(model, ExampleModel):
-        model = model.check().build(schedule.num_model_stages, schedule.microbatches * dp)
+        check_fits_host(schedule, model.check(), dp)
+        model = model.build(schedule.num_model_stages, schedule.microbatches * dp)
     check_model(model, schedule.num_model_stages, schedule.microbatches * dp)
     return graph
+
+
+def check_fits_host(schedule: Schedule, model: ExampleModel, dp: int = 1) -> None:
+    """ModelError, before anything is allocated, when an example model's parameters and
+    gradients on every local rank (each virtual stage's, so DualPipe's two replicas count
+    twice; times the data-parallel replicas), plus the one copy this process builds to
+    check the model, exceed the memory available on this host. Not under torchrun."""
+    memory = available_memory()
+    if memory is None or under_torchrun():
+        return
+    per_stage = [model.stage_param_bytes(k) for k in range(schedule.num_model_stages)]
+    held = 2 * dp * sum(per_stage[stage.model_stage] for stage in schedule.stages)
+    need = held + sum(per_stage)
+    if need > memory:
+        raise ModelError(f"the model's parameters and gradients need about {need / 2**30:,.1f} GiB on this host "
+                         f"and {memory / 2**30:,.1f} GiB are available: use a smaller --hidden or fewer "
+                         "--layers-per-stage")
 
 
 def start(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),

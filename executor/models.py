@@ -163,6 +163,12 @@ class ExampleModel:
                 blocks = [TransformerBlock(self.hidden, self.heads) for _ in range(count)]
             return nn.Sequential(*blocks).to(self.torch_dtype)
 
+    def stage_param_bytes(self, model_stage: int) -> int:
+        """Bytes of model stage `model_stage`'s parameters, counted without allocating
+        them (the stage is built on the meta device)."""
+        with torch.device("meta"):
+            return sum(p.numel() * p.element_size() for p in self.build_stage(model_stage).parameters())
+
     def sample_shape(self) -> tuple[int, ...]:
         if self.kind == "mlp":
             return (self.microbatch_size, self.hidden)

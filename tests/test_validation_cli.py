@@ -126,6 +126,9 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     (["validate", "1f1b,zb-h1", "-p", "2", "-m", "4", "--dp", "2"], "without --dp"),
     (["validate", "1f1b,nosuch", "-p", "2", "-m", "4"], "unknown schedule 'nosuch'"),
     (["validate", "1f1b,zb-v", "-p", "2", "-m", "4", "--layers-per-stage", "3"], "blocks halve"),
+    # 596 GiB of parameters a model stage: refused before anything is allocated
+    (["validate", "1f1b", "-p", "2", "-m", "4", "--hidden", "100000"], "parameters and gradients need about"),
+    (["calibrate", "zb-h1", "-p", "2", "-m", "4", "-o", "c.json", "--hidden", "100000"], "GiB are available"),
 ])
 def test_bad_input_is_refused_in_one_line_before_launch(args, message, tmp_path):
     if "--backend" in args:
