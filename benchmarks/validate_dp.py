@@ -17,16 +17,17 @@ this 2-core machine (4 processes on 2 cores) is the p = 4 one: median <= 3 %, ma
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from pipesched.simulator.run_costs import relative_iqr
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cli_run import run_json  # noqa: E402
+
+from pipesched.simulator.run_costs import relative_iqr  # noqa: E402
 
 SCHEDULES = "1f1b,zb-h1,gpipe,interleaved-1f1b,zb-v,dualpipev"
 
@@ -50,13 +51,9 @@ def main() -> int:
             folder = out / f"{name}.{rep + 1}"
             cmd = ["pipesched", "validate", name, "-p", str(args.p), "-m", str(args.m), "--dp", str(args.dp),
                    "--replay", "--json", "--out", str(folder), *args.extra]
-            start = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-            wall = time.perf_counter() - start
-            if done.returncode != 0:
-                print(f"{folder.name:24} failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+            d, wall = run_json(cmd, f"{folder.name:24}", env={**os.environ, "PYTHONWARNINGS": "ignore"})
+            if d is None:
                 continue
-            d = json.loads(done.stdout)
             dp = d["data_parallel"]
             errors.append(abs(d["makespan_rel_error"]))
             steps = d["measured_makespans"]

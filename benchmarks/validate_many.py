@@ -14,17 +14,15 @@ calibrate, over all, and the ranking hits.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cli_run import run_json  # noqa: E402
 from accuracy_random import CALIBRATION_RUNS, OTHER_SPLIT_RUN, RANKING_TOLERANCE, SCHEDULES, draw_models  # noqa: E402
 
 
@@ -53,13 +51,9 @@ def main() -> int:
             folder = out / f"p{p}-model{i}"
             cmd = ["pipesched", "validate", ",".join(SCHEDULES), "-p", str(p), "-m", str(draw.m_per_p[p]),
                    *model_flags(draw), "--json", "--out", str(folder)]
-            start = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            wall = time.perf_counter() - start
-            if done.returncode != 0:
-                print(f"p={p} model {i}: failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+            doc, wall = run_json(cmd, f"p={p} model {i}")
+            if doc is None:
                 continue
-            doc = json.loads(done.stdout)
             ranking = doc["ranking"]
             hit = ranking["pick_over_fastest"] <= RANKING_TOLERANCE
             hits.append(hit)
