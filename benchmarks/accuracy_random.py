@@ -61,7 +61,7 @@ from pipesched.simulator.compare import compare  # noqa: E402
 from pipesched.simulator.costs import CostModel, from_dict as costs_from_dict, to_dict  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
 from pipesched.simulator.replay import replay  # noqa: E402
-from pipesched.simulator.run_costs import costs_from_runs, relative_iqr  # noqa: E402
+from pipesched.simulator.run_costs import costs_from_runs, relative_iqr, step_halves  # noqa: E402
 from pipesched.simulator.trace import Trace  # noqa: E402
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")
@@ -170,7 +170,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
         steps_made = trace.meta.get("makespans") or [measured]
         row = {"model": index, "p": p, "m": m, "schedule": name, "measured": measured,
                "in_calibration": name in CALIBRATION_RUNS + (OTHER_SPLIT_RUN,), "short_ops": short,
-               "makespan_spread": relative_iqr(steps_made), "halves": halves(steps_made)}
+               "makespan_spread": relative_iqr(steps_made), "halves": step_halves(steps_made)}
         for label, costs in (("solo", solo), ("run", from_runs), ("run_raw", raw), ("run_v1", one_split),
                            ("auto", auto)):
             if costs is None:
@@ -202,13 +202,6 @@ def ranking_hits(rows: list[dict], label: str) -> list[bool]:
         chosen = min(group, key=lambda r: r[label])
         hits.append(chosen["measured"] <= best * (1 + RANKING_TOLERANCE))
     return hits
-
-
-def halves(makespans: list[float]) -> tuple[float, float] | None:
-    """Median makespan (seconds) of the even and of the odd steps; None under two steps."""
-    if len(makespans) < 2:
-        return None
-    return float(np.median(makespans[0::2])), float(np.median(makespans[1::2]))
 
 
 def self_agreement(rows: list[dict], label: str) -> tuple[list[float], int, int, int]:

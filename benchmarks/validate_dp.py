@@ -27,8 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cli_run import run_json  # noqa: E402
 
-from pipesched.simulator.run_costs import relative_iqr  # noqa: E402
-
 SCHEDULES = "1f1b,zb-h1,gpipe,interleaved-1f1b,zb-v,dualpipev"
 
 
@@ -56,12 +54,11 @@ def main() -> int:
                 continue
             dp = d["data_parallel"]
             errors.append(abs(d["makespan_rel_error"]))
-            steps = d["measured_makespans"]
             halves.append(d["measured_halves_apart"] if d["measured_halves_apart"] is not None else float("nan"))
             print(f"{folder.name:24} {100 * d['makespan_rel_error']:+6.1f}% {100 * d['replay_makespan_rel_error']:+6.1f}% "
                   f"{100 * d['predicted']['bubble_ratio']:5.0f}/{100 * d['measured']['bubble_ratio']:<5.0f} "
                   f"{1e3 * dp['predicted_exposed']:7.0f}/{1e3 * dp['measured_exposed']:<7.0f} "
-                  f"{1e3 * d['measured']['makespan']:7.0f}ms {100 * relative_iqr(steps):6.1f}% "
+                  f"{1e3 * d['measured']['makespan']:7.0f}ms {100 * (d['measured_steps_spread'] or 0.0):6.1f}% "
                   f"{100 * halves[-1]:6.1f}% {wall:5.0f}s", flush=True)
     if errors:
         print(f"|makespan error| over {len(errors)} runs: median {100 * statistics.median(errors):.2f} %, "

@@ -77,13 +77,23 @@ def other_split_run(schedule: Schedule, model: PipelineModel | ExampleModel
     if rest or split not in OTHER_SPLIT or not isinstance(model, ExampleModel):
         return None
     name, to = OTHER_SPLIT[split]
-    blocks = resplit_blocks(model.layers_per_stage, schedule.num_model_stages, p * to)
-    if blocks is None:
+    resplit = same_network(model, schedule.num_model_stages, p * to)
+    if resplit is None:
         return None
     try:
-        return build(name, p, m), replace(model, layers_per_stage=blocks)
+        return build(name, p, m), resplit
     except ScheduleError:
         return None
+
+
+def same_network(model: PipelineModel | ExampleModel, stages: int, to: int) -> PipelineModel | ExampleModel | None:
+    """`model` (in `stages` model stages) as the same network in `to`: itself where they
+    are as many, an example model with its blocks halved or paired (`resplit_blocks`),
+    None where it cannot be split so."""
+    if stages == to:
+        return model
+    blocks = resplit_blocks(model.layers_per_stage, stages, to) if isinstance(model, ExampleModel) else None
+    return None if blocks is None else replace(model, layers_per_stage=blocks)
 
 
 def resplit_blocks(blocks: int | tuple[int, ...], stages: int, to: int) -> int | tuple[int, ...] | None:

@@ -38,7 +38,7 @@ from pipesched.simulator.trace import Trace
 from .calibrate import CalibrationOptions, oversubscribed
 from .dp_calibrate import calibrate_data_parallel
 from .job import RunOptions, RunResult
-from .run_calibration import calibrate_then_run, resplit_blocks
+from .run_calibration import calibrate_then_run, same_network as resplit_model
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
 
@@ -205,8 +205,7 @@ def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, o
     options.dp > 1 (not under torchrun) two launches (`dp_calibrate.calibrate_data_parallel`):
     solo profiles on p ranks, then on p x d ranks the data-parallel costs and the run;
     the prediction is the whole step, tail included."""
-    calibration.check()
-    calibration = calibration.__class__(**{**calibration.__dict__, "timeout": options.timeout})
+    calibration = _checked(calibration, options)
     if options.dp > 1:
         if under_torchrun():
             raise ValueError("validate --dp runs two launches; start it without torchrun")
@@ -242,8 +241,7 @@ def validate_schedules(schedules: list[Schedule], model: PipelineModel | Example
         raise ValueError("the schedules compared must have as many ranks: "
                          + ", ".join(f"{s.name} {s.ranks}" for s in schedules))
     models = [same_network(model, first, s) for s in schedules]
-    calibration.check()
-    calibration = calibration.__class__(**{**calibration.__dict__, "timeout": options.timeout})
+    calibration = _checked(calibration, options)
     out = launch_local(calibrate_and_run_all, (schedules, models, calibration, options), first.ranks, backend,
                        options.timeout * len(schedules))
     costs, results = out
@@ -252,18 +250,21 @@ def validate_schedules(schedules: list[Schedule], model: PipelineModel | Example
 
 def same_network(model: PipelineModel | ExampleModel, split_for: Schedule, schedule: Schedule
                  ) -> PipelineModel | ExampleModel:
-    """`model` (split into `split_for`'s model stages) split into `schedule`'s: itself
-    where they have as many, an example model's blocks halved or paired where one has
-    twice as many; ValueError otherwise."""
+    """`model` (split into `split_for`'s model stages) split into `schedule`'s
+    (`run_calibration.same_network`); ValueError where it cannot be."""
     have, want = split_for.num_model_stages, schedule.num_model_stages
-    if have == want:
-        return model
-    blocks = resplit_blocks(model.layers_per_stage, have, want) if isinstance(model, ExampleModel) else None
-    if blocks is None:
+    resplit = resplit_model(model, have, want)
+    if resplit is None:
         raise ValueError(f"{schedule.name} cuts the network into {want} model stages and {split_for.name} into "
                          f"{have}: only an example model whose stages' blocks halve can run both "
                          "(e.g. --layers-per-stage 2)")
-    return replace(model, layers_per_stage=blocks)
+    return resplit
+
+
+def _checked(calibration: CalibrationOptions, options: RunOptions) -> CalibrationOptions:
+    """`calibration`, checked, with the run's timeout."""
+    calibration.check()
+    return replace(calibration, timeout=options.timeout)
 
 
 def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: RunOptions = RunOptions()

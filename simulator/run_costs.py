@@ -76,14 +76,19 @@ def relative_iqr(values) -> float:
     return float(q3 - q1) / float(median)
 
 
-def halves_apart(values) -> float | None:
-    """|median of the even-numbered values / median of the odd-numbered ones - 1|: two
-    halves of one series of measurements (steps taken in turn with other work) held
-    against each other, how well the measurement repeats itself; None under two values."""
+def step_halves(values) -> tuple[float, float] | None:
+    """(median of the even-numbered values, of the odd-numbered ones): two halves of one
+    series of measurements (steps taken in turn with other work); None under two values."""
     values = np.asarray(values, dtype=float)
     if len(values) < 2:
         return None
-    return abs(float(np.median(values[0::2])) / float(np.median(values[1::2])) - 1.0)
+    return float(np.median(values[0::2])), float(np.median(values[1::2]))
+
+
+def halves_apart(values) -> float | None:
+    """|even half / odd half - 1| (`step_halves`): how well a measurement repeats itself."""
+    halves = step_halves(values)
+    return None if halves is None else abs(halves[0] / halves[1] - 1.0)
 
 
 def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], host_time: bool = False,
