@@ -33,6 +33,7 @@ beside the default prediction's fastest judged by either half. No prediction can
 expected to agree with a measurement better than the measurement agrees with itself.
 
     python benchmarks/accuracy_random.py --seed 1 --models 8 [--ranks 2,4] [--save-runs RUNS.json.gz]
+    python benchmarks/accuracy_random.py --seed 1 --draw-ranks 2,4,8 --ranks 8   # the p = 8 part alone
     python benchmarks/accuracy_random.py --from-runs RUNS.json.gz     # re-predict saved runs, run nothing
 """
 from __future__ import annotations
@@ -258,6 +259,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--models", type=int, default=8, help="how many models to draw")
     ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--draw-ranks", metavar="P,P,...",
+                    help="draw the models as for these p (default: --ranks), so a launch of --ranks 8 alone "
+                         "runs the same models as one of --ranks 2,4,8")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds of measured steps per run, at least")
@@ -290,7 +294,10 @@ def main() -> int:
     machine = (f"machine: {platform.machine()}, {os.cpu_count()} cores ({cpu_name()}), torch {torch.__version__}, "
                f"gloo on CPU, load average at start {os.getloadavg()[0]:.2f}")
     print(machine)
-    draws = draw_models(args.seed, args.models, ranks)
+    draw_ranks = [int(x) for x in args.draw_ranks.split(",")] if args.draw_ranks else ranks
+    if not set(ranks) <= set(draw_ranks):
+        ap.error("--draw-ranks must hold every p in --ranks")
+    draws = draw_models(args.seed, args.models, draw_ranks)
     for i, d in enumerate(draws):
         print(f"model {i}: {d.kind} hidden {d.hidden}, {d.depth} blocks per rank, microbatch {d.microbatch_size}"
               + (f", seq {d.seq}" if d.kind == "transformer" else "") + f", m {d.m_per_p}", flush=True)
@@ -315,7 +322,9 @@ def main() -> int:
                           "calibration_steps": {n: [t.to_dict() for t in ts] for n, ts in steps.items()}})
             if args.save_runs:  # after every launch, so a run cut short keeps what it measured
                 text = json.dumps({"machine": machine, "seed": args.seed, "cases": saved})
-                Path(args.save_runs).write_bytes(gzip.compress(text.encode()))
+                partial = Path(args.save_runs + ".partial")  # a kill mid-write keeps the last whole file
+                partial.write_bytes(gzip.compress(text.encode()))
+                os.replace(partial, args.save_runs)
     report(rows)
     print(f"took {time.perf_counter() - started:.0f} s")
     return 0
