@@ -17,7 +17,8 @@ the two splits, dedicated work where ranks share cores, host time outside ops fi
 to the runs where they do not, and the step residual: how much longer the runs of
 1F1B and ZB-H1 measured than predicted; marked * in the table); for comparison, the same
 without the step residual (no-resid) and as calibration did before 2026-11-25 (1F1B and
-ZB-H1 only, pooled means, runs-v1).
+ZB-H1 only, pooled means, runs-v1) and, for runs whose calibration measured the stage
+switch (`simulator.switches`), without it (printed in the summary only).
 Printed per case: measured makespan, the predictions' errors, the replay error (the run simulated with
 its own op and transfer times and host time fitted to it: `simulator.replay`; replay-c
 with the calibrated host time) and the spread of the measured steps' makespans (the
@@ -59,7 +60,7 @@ from machine import cpu_name  # noqa: E402
 from pipesched.schedules.ir import ScheduleError  # noqa: E402
 from pipesched.schedules.registry import build  # noqa: E402
 from pipesched.simulator.compare import compare  # noqa: E402
-from pipesched.simulator.costs import CostModel, from_dict as costs_from_dict, to_dict  # noqa: E402
+from pipesched.simulator.costs import CostModel, StageSwitch, from_dict as costs_from_dict, to_dict  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
 from pipesched.simulator.replay import replay  # noqa: E402
 from pipesched.simulator.run_costs import costs_from_runs, relative_iqr, step_halves  # noqa: E402
@@ -164,6 +165,10 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
     raw = costs_from_runs(solo, runs + other, host_time=True, sharing=solo.host, residual=False) if complete else None
     one_split = costs_from_runs(solo, runs, host_time=True, residual=False) if complete else None  # before 2026-11-25
     auto = solo if solo.host is not None and solo.host.gpu else from_runs  # what --op-times auto picks
+    no_switch = None  # as validated before calibration measured stage switches (saved runs from before lack them)
+    if complete and solo.stage_switch.any:
+        no_switch = costs_from_runs(replace(solo, stage_switch=StageSwitch()), runs + other, host_time=True,
+                                    sharing=solo.host)
     rows = []
     for name, trace in traces.items():
         schedule = schedules[name]
@@ -173,7 +178,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
                "in_calibration": name in CALIBRATION_RUNS + (OTHER_SPLIT_RUN,), "short_ops": short,
                "makespan_spread": relative_iqr(steps_made), "halves": step_halves(steps_made)}
         for label, costs in (("solo", solo), ("run", from_runs), ("run_raw", raw), ("run_v1", one_split),
-                           ("auto", auto)):
+                             ("auto", auto), ("run_no_switch", no_switch)):
             if costs is None:
                 row[label] = row[f"{label}_error"] = float("nan")
                 continue
@@ -188,7 +193,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
 
 ESTIMATORS = (("solo", "op times from solo profiles"), ("run", "from 1F1B, ZB-H1 and ZB-V runs"),
               ("run_raw", "... without the step residual"), ("run_v1", "... 1F1B, ZB-H1 only, no sharing"),
-              ("auto", "the default (runs on CPUs)"))
+              ("auto", "the default (runs on CPUs)"), ("run_no_switch", "... without the stage switch"))
 
 
 def ranking_hits(rows: list[dict], label: str) -> list[bool]:
@@ -236,6 +241,8 @@ def report(rows: list[dict]) -> None:
         out = [r for r in here if not r["in_calibration"]]
         print(f"p={p} ({len(here)} runs of {len({r['model'] for r in here})} models):")
         for label, what in ESTIMATORS:
+            if not any(np.isfinite(r[f"{label}_error"]) for r in here):
+                continue  # runs saved before the estimator existed
             hits = ranking_hits(here, label)
             print(f"  {what:<36} all {stats([r[f'{label}_error'] for r in here])}; "
                   f"other schedules {stats([r[f'{label}_error'] for r in out])}; "
@@ -337,11 +344,15 @@ def _print_rows(rows: list[dict], header: bool = True) -> None:
     for r in rows:
         mark = "*" if r["in_calibration"] else " "
         print(f"{r['model']:>5} {r['p']:>2} {r['m']:>3} {r['schedule'] + mark:<17} {1e3 * r['measured']:>8.1f}ms "
-              f"{100 * r['solo_error']:>+7.2f}% {100 * r['run_error']:>+7.2f}% {100 * r['run_raw_error']:>+7.2f}% "
-              f"{100 * r['run_v1_error']:>+7.2f}% "
-              f"{100 * r['replay_error']:>+7.2f}% "
-              f"{100 * r['replay_calibrated_error']:>+7.2f}% "
+              + " ".join(_signed_percent(r[k]) for k in ("solo_error", "run_error", "run_raw_error", "run_v1_error",
+                                                         "replay_error", "replay_calibrated_error")) + " "
               f"{100 * r['makespan_spread']:>6.2f}%", flush=True)
+
+
+def _signed_percent(x: float) -> str:
+    """x as a signed percentage to 0.01 %; a value that rounds to zero prints +0.00 % whatever
+    its sign, which floating-point sums can flip between machines."""
+    return f"{round(100 * x, 2) + 0.0:>+7.2f}%"
 
 
 if __name__ == "__main__":

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import socket
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import validate
-from pipesched.simulator.costs import CostModel, HostOverhead, HostSharing, Link, Network, StageCost
+from pipesched.simulator.costs import CostModel, HostOverhead, HostSharing, Link, Network, StageCost, StageSwitch
 
 from . import progress
 from .comm import link_groups
@@ -40,7 +40,7 @@ from .launch import RankContext, host_cores, launch_local, run_here, under_torch
 from .links import PostingCosts, fit_link, pingpong, posting_costs
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
 from .profile import (OPS_PER_REPETITION, StageProfile, iteration_ends, profile_stage, seconds_per_iteration,
-                      slowdown, stage_for_profiling)
+                      slowdown, stage_for_profiling, switch_slowdown)
 
 PINGPONG_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes, besides the model's own boundaries
 
@@ -83,6 +83,8 @@ class _RankReport:
     links: dict[tuple[int, int], list[float]]       # pair -> one-way seconds per size (lower rank only)
     isend_posting: dict[tuple[int, int], float]     # pair -> seconds of the ping-pong's isend call
     posting: dict[tuple[int, int], PostingCosts]    # pair -> this rank's side of handling its transfers
+    switches: list[tuple[float, float]] = field(default_factory=list)  # per own stage: F and backward after
+                                                    # a copy of the stage (executor.profile.switch_slowdown)
 
 
 def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
@@ -127,11 +129,17 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
 
     sharing = core_groups(ctx.world, cores) if one_host and ctx.device.type == "cpu" else []
     iterations = 3 * options.repeats
-    alone, loops = [], {}
+    alone, loops, switches = [], {}, []
     for turn in range(ctx.world):
         dist.barrier()
         if turn == ctx.rank:
             alone = [profile_stage(*stages[k], ctx.device, options.repeats, options.warmup, ctx.rank) for k in own]
+            # On a GPU ops stream from memory either way; where ranks share a core, the other
+            # rank's ops refill its caches between any two ops, so runs of one stage per rank
+            # already show the cost (measured: seed 2041 at p = 4 on 2 cores, 4.94 % without
+            # the switch, 5.26 % with it).
+            if ctx.device.type == "cpu" and not sharing:
+                switches = [switch_slowdown(*stages[k], options.repeats, options.warmup) for k in own]
     slowdowns = []
     if sharing:  # ranks outnumber the cores: how they share a core, and all the cores, free-running
         loops["alone"] = [_free_running(ctx, [r], stages[own[0]], iterations) for r in range(ctx.world)][ctx.rank]
@@ -177,7 +185,8 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
     for p in sm.params:
         p.grad = None
     dist.barrier()
-    mine = _RankReport(hosts[ctx.rank], cores, threads, alone, slowdowns, loops, links, isend_posting, posting)
+    mine = _RankReport(hosts[ctx.rank], cores, threads, alone, slowdowns, loops, links, isend_posting, posting,
+                       switches)
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if ctx.rank != 0:
@@ -255,8 +264,11 @@ def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankRep
     meta = {"calibrated": {"backend": backend, "device": device, "threads_per_rank": threads, "cores": cores,
                            "links": link_rows, "interference_samples": slowdowns, "switching_samples": switching,
                            "free_running": [r.loops for r in reports], "model_stages": schedule.num_model_stages}}
+    switches = [f for r in reports for f in r.switches]
+    switch = StageSwitch(median(f for f, _ in switches), median(b for _, b in switches))
+    meta["calibrated"]["switch_samples"] = switches
     return CostModel(stages=(stages[0],), model_stages=tuple(stages), network=_network(link_rows, hosts),
-                     host=host, host_overhead=overhead, meta=meta).check()
+                     host=host, host_overhead=overhead, stage_switch=switch, meta=meta).check()
 
 
 def _network(rows: list[dict], hosts: list[str]) -> Network:

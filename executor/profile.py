@@ -6,6 +6,7 @@ on the rank's own device and threads. Units: seconds and bytes.
 """
 from __future__ import annotations
 
+import copy
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable
@@ -121,6 +122,38 @@ def stage_for_profiling(model: PipelineModel, specs: list[TensorSpec], k: int, d
     target = model.targets[0].to(device) if last else None
     grad = None if last else torch.randn(specs[k].shape, generator=gen, dtype=torch.float64).to(device, specs[k].dtype)
     return sm, x, target, grad
+
+
+def switch_slowdown(sm: StageModule, x: torch.Tensor, target: torch.Tensor | None, grad: torch.Tensor | None,
+                    repeats: int, warmup: int) -> tuple[float, float]:
+    """(forward, backward): how much longer `sm`'s F and fused backward take right after
+    the F and backward of a copy of the stage (the same shapes in other memory, as a rank
+    holding two stages switches between them) than right after its own, as fractions (at
+    least 0). CPU only: the two conditions alternate within each repetition, medians."""
+    module = copy.deepcopy(sm.module)
+    stages = sm.model_stage + (1 if sm.is_last else 2)  # so the copy is first or last as `sm` is
+    other = StageModule(module, sm.model_stage, stages, sm.loss_fn, sm.loss_scale,
+                        MemoryLedger(now, list(module.parameters())))
+    taken: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    for i in range(warmup + repeats):
+        for after_other in (False, True):
+            before = other if after_other else sm
+            state, _ = before.forward(0, x.detach().clone(), target)
+            before.backward_full(state, grad)
+            start = now()
+            state, _ = sm.forward(0, x.detach().clone(), target)
+            mid = now()
+            sm.backward_full(state, grad)
+            if i >= warmup:
+                taken[after_other].append((mid - start, now() - mid))
+    for p in sm.params + other.params:
+        p.grad = None
+
+    def fraction(j: int) -> float:
+        own = statistics.median(t[j] for t in taken[False])
+        return max(0.0, statistics.median(t[j] for t in taken[True]) / own - 1.0) if own > 0 else 0.0
+
+    return fraction(0), fraction(1)
 
 
 def slowdown(alone: StageProfile, together: StageProfile) -> float:

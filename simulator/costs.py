@@ -226,6 +226,28 @@ class FixedOpTimes:
 
 
 @dataclass(frozen=True)
+class StageSwitch:
+    """How much longer an op runs right after an op of another stage on its rank, as a
+    fraction of its own time (0.2: 20 % longer): `forward` for F (and R), `backward` for
+    B, W and BW. Measured by calibration on CPUs (`executor.profile.switch_slowdown`);
+    applied by `simulator.timing.resolve` to the tasks `simulator.switches` marks."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+
+    def check(self) -> "StageSwitch":
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not is_real(value) or not math.isfinite(value) or value < 0:
+                raise CostError(f"stage_switch.{f.name} must be a finite fraction >= 0, got {value!r}")
+        return self
+
+    @property
+    def any(self) -> bool:
+        return bool(self.forward or self.backward)
+
+
+@dataclass(frozen=True)
 class Link:
     """A point-to-point transfer costs latency + bytes / bandwidth (seconds, bytes/s)."""
 
@@ -429,6 +451,8 @@ class CostModel:
         `model_stages`: each schedule's model stages are its split of the layers.
     fixed_op_times: the part of each op kind's time in `model_stages` that stays whole
         when they are cut or merged for another split (`FixedOpTimes`).
+    stage_switch: how much longer an op runs right after another stage's op on its rank
+        (`StageSwitch`; 0 by default).
     """
 
     stages: tuple[StageCost, ...] = (StageCost(),)
@@ -445,6 +469,7 @@ class CostModel:
     data_parallel: DataParallel = DataParallel()
     layers: LayerCosts | None = None
     fixed_op_times: FixedOpTimes = FixedOpTimes()
+    stage_switch: StageSwitch = StageSwitch()
     meta: dict = field(default_factory=dict, compare=False)
 
     def slower(self, k: float) -> "CostModel":
@@ -492,6 +517,9 @@ class CostModel:
             raise CostError("fixed_op_times must be an object with forward, backward_input, backward_weight and "
                             "backward_full (seconds)")
         self.fixed_op_times.check()
+        if not isinstance(self.stage_switch, StageSwitch):
+            raise CostError("stage_switch must be an object with forward and backward (fractions)")
+        self.stage_switch.check()
         if self.layers is not None:
             if self.model_stages is not None:
                 raise CostError("give the model either as layers or as model_stages, not both")
@@ -631,7 +659,7 @@ def from_dict(data: Any) -> CostModel:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
                "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead",
-               "data_parallel", "layers", "fixed_op_times", "meta"}
+               "data_parallel", "layers", "fixed_op_times", "stage_switch", "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -700,6 +728,11 @@ def from_dict(data: Any) -> CostModel:
     if not isinstance(fixed, dict) or set(fixed) - fixed_fields:
         raise CostError(f"fixed_op_times must be an object with {', '.join(sorted(fixed_fields))} (seconds)")
     fixed_op_times = FixedOpTimes(**_units(fixed, "fixed_op_times"))
+    switch = data.get("stage_switch", {})
+    switch_fields = {f.name for f in fields(StageSwitch)}
+    if not isinstance(switch, dict) or set(switch) - switch_fields:
+        raise CostError(f"stage_switch must be an object with {', '.join(sorted(switch_fields))} (fractions)")
+    stage_switch = StageSwitch(**switch)
     layers = None
     if "layers" in data:
         from .layers import layers_from_dict  # it builds on this module
@@ -711,7 +744,8 @@ def from_dict(data: Any) -> CostModel:
                      contention=data.get("contention", True), blocking_sends=data.get("blocking_sends", False),
                      op_overhead=_units(data, "cost file").get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
-                     data_parallel=data_parallel, layers=layers, fixed_op_times=fixed_op_times, meta=meta).check()
+                     data_parallel=data_parallel, layers=layers, fixed_op_times=fixed_op_times,
+                     stage_switch=stage_switch, meta=meta).check()
 
 
 def to_dict(model: CostModel) -> dict:
@@ -750,6 +784,8 @@ def to_dict(model: CostModel) -> dict:
             doc["host"]["host_time_first"] = True
     if model.fixed_op_times.any:
         doc["fixed_op_times"] = {f.name: getattr(model.fixed_op_times, f.name) for f in fields(FixedOpTimes)}
+    if model.stage_switch.any:
+        doc["stage_switch"] = {f.name: getattr(model.stage_switch, f.name) for f in fields(StageSwitch)}
     if model.host_overhead.any:
         o = model.host_overhead
         doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv,

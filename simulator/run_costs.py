@@ -28,6 +28,12 @@ calibration with the other ranks idle misses the runtime's cost under a running
 pipeline. On shared cores the gaps also hold waits for the core, which the simulation
 models, so host time stays as profiled there.
 
+Where calibration measured a stage switch (`StageSwitch`: ops right after another
+stage's ops on their rank run longer), a run at the calibration's split whose ranks
+switch stages (DualPipe's) has each op kind's mean divided by what its switched share
+added: the op's own time, which the simulation lengthens again where a schedule switches.
+Runs at the other split keep it: their fixed times hold it (`simulator.switches`).
+
 Last, the step residual: the runs' own steps are predicted with the costs so read, and
 every op and host time is scaled by how much longer the runs measured (per run, its
 median step's makespan over the prediction; the geometric mean over the runs at the
@@ -45,14 +51,15 @@ from typing import Sequence
 
 import numpy as np
 
-from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
+from pipesched.schedules.ir import B, BW, F, OPS, R, W, Schedule
 from pipesched.schedules.validate import validate
 
 from .api import simulate
-from .costs import CostError, CostModel, FixedOpTimes, HostSharing, StageCost
+from .costs import CostError, CostModel, FixedOpTimes, HostSharing, StageCost, StageSwitch
 from .dedicated import dedicated_durations, shares_cores, world_ranks
 from .metrics import compute_metrics
 from .replay import fit_host_gaps, host_time_gaps
+from .switches import switched_share
 from .trace import COMPUTE, Trace
 
 
@@ -120,9 +127,10 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
         durations = None
         if sharing is not None and shares_cores(sharing, world_ranks(trace)):
             durations, dedicated = dedicated_durations(trace, sharing), True
+        unswitched = _switch_factors(base.stage_switch, schedule, trace) if split == stages else {}
         for key, values in op_time_samples(schedule, trace, durations).items():
             if len(values):
-                per_split.setdefault(split, {}).setdefault(key, []).append(float(np.mean(values)))
+                per_split.setdefault(split, {}).setdefault(key, []).append(float(np.mean(values)) / unswitched.get(key, 1.0))
                 if split == stages:
                     pooled.setdefault(key, []).append(values)
     measured = {split: {key: float(np.median(v)) for key, v in means.items()}
@@ -171,6 +179,15 @@ def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> f
         if predicted > 0:
             ratios.append(float(np.median(makespans)) / predicted)
     return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
+
+
+def _switch_factors(switch: StageSwitch, schedule: Schedule, trace: Trace) -> dict[tuple[str, int], float]:
+    """(op, model stage) -> how much longer those ops ran in `trace` on average for running
+    right after another stage's ops (`StageSwitch`; 1 where none did)."""
+    if not switch.any:
+        return {}
+    return {(op, k): 1.0 + (switch.forward if op in (F, R) else switch.backward) * share
+            for (op, k), share in switched_share(schedule, trace).items()}
 
 
 def _fixed_op_time(here: dict[tuple[str, int], float], stages: int,

@@ -12,11 +12,12 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pipesched.schedules.graph import GRADIENT, LOCAL, TaskGraph
-from pipesched.schedules.ir import BW, F, OPS, W
+from pipesched.schedules.ir import BW, F, OPS, R, W
 
-from .costs import CostModel, HostOverhead, StageCost
+from .costs import CostModel, HostOverhead, StageCost, StageSwitch
 from .memory import buffer_intervals, memory_samples
 from .posting import receive_posts
+from .switches import switch_applies, switched_tasks
 from .trace import COMPUTE, RECV, SEND, Trace
 
 
@@ -84,6 +85,8 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
         op_table = np.asarray([[c.op_time(op) for op in OPS] for c in stage_costs]).reshape(-1, len(OPS))
         task_time = op_table[model[col["stage"]], col["op"]] + costs.op_overhead
         _first_backwards_keep(graph, stage_costs, model, task_time)
+        if switch_applies(costs, sched.num_model_stages):
+            task_time = _after_switches(graph, costs.stage_switch, task_time)
     else:
         task_time = np.array(task_times, dtype=float)
         if task_time.shape != (len(col["op"]),) or not (np.isfinite(task_time) & (task_time >= 0)).all():
@@ -110,6 +113,14 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
     unit_time, task_offset, task_len, host = _units(graph, costs, task_time, edge_link, task_host)
     return Timing(task_time, unit_time, task_offset, task_len, costs.overlap == 0, edge_time, edge_bytes, edge_link,
                   links, costs.contention, costs.blocking_sends, stage_costs, costs.comm_buffers, posts, host)
+
+
+def _after_switches(graph: TaskGraph, switch: StageSwitch, task_time: np.ndarray) -> np.ndarray:
+    """`task_time` with the tasks that follow another stage's task on their rank
+    (`simulator.switches`) longer by `switch`'s fraction for their op kind."""
+    forward = np.isin(graph.columns()["op"], [OPS.index(F), OPS.index(R)])
+    fraction = np.where(forward, switch.forward, switch.backward)
+    return task_time * (1.0 + fraction * switched_tasks(graph))
 
 
 def _transfers(graph: TaskGraph, costs: CostModel, stage_costs: list[StageCost]

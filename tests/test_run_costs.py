@@ -9,7 +9,7 @@ import pytest
 from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import (CostError, CostModel, FixedOpTimes, HostOverhead, HostSharing, Link, Network,
-                                       StageCost)
+                                       StageCost, StageSwitch)
 from pipesched.simulator.dedicated import dedicated_durations
 from pipesched.simulator.metrics import compute_metrics
 from pipesched.simulator.trace import Trace
@@ -291,3 +291,30 @@ def test_the_residual_counts_only_runs_with_the_costs_replicas_and_split():
     assert step_residual(plain, [(schedule, slow)]) == 1.0  # a data-parallel step: not this pipeline's
     assert step_residual(plain, [(build("zb-v", 2, 4), trace)]) == 1.0  # another split
     assert step_residual(plain, [(schedule, replace(slow, meta=trace.meta))]) == pytest.approx(2.0)
+
+
+SWITCHING = replace(TRUTH, stage_switch=StageSwitch(forward=0.4, backward=0.2))
+
+
+def test_with_the_calibrations_stage_switch_every_schedule_is_predicted_exactly():
+    """The switch lengthens DualPipe's ops (two replicas a rank at the calibration's split);
+    v = 2 schedules keep the fixed times read from ZB-V's run, which hold it."""
+    runs = [run_of(name, SWITCHING) for name in ("1f1b", "zb-h1", "zb-v")]
+    got = costs_from_runs(replace(SOLO, stage_switch=SWITCHING.stage_switch), runs, residual=False)
+    assert got.fixed_op_times.forward == pytest.approx(0.2)
+    assert got.fixed_op_times.backward_input == pytest.approx(0.3)
+    for name in ("interleaved-1f1b", "dualpipev", "looped-bfs", "dualpipe", "zb-v"):
+        schedule = build(name, 2, 4)
+        want = compute_metrics(simulate(schedule, SWITCHING)).makespan
+        assert compute_metrics(simulate(schedule, got)).makespan == pytest.approx(want, rel=1e-9), name
+    # without it, DualPipe is predicted short: runs of one stage per rank never switch
+    blind = costs_from_runs(SOLO, runs, residual=False)
+    dualpipe = build("dualpipe", 2, 4)
+    assert compute_metrics(simulate(dualpipe, blind)).makespan < compute_metrics(simulate(dualpipe, SWITCHING)).makespan
+
+
+def test_a_calibration_run_that_switches_stages_is_read_as_the_ops_own_time():
+    truth = replace(SWITCHING, fixed_op_times=FixedOpTimes())
+    schedule, trace = run_of("dualpipe", truth)
+    got = costs_from_runs(replace(SOLO, stage_switch=truth.stage_switch), [(schedule, trace)], residual=False)
+    assert [s.forward for s in got.model_stages] == pytest.approx([2.0, 2.5])
