@@ -195,11 +195,7 @@ class FixedOpTimes:
     backward_full: float = 0.0
 
     def check(self) -> "FixedOpTimes":
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not is_real(value) or not math.isfinite(value) or value < 0:
-                raise CostError(f"fixed_op_times.{f.name} must be a finite number of seconds >= 0, got {value!r}")
-        return self
+        return _checked_nonnegative(self, "fixed_op_times", "number of seconds")
 
     @property
     def any(self) -> bool:
@@ -236,15 +232,20 @@ class StageSwitch:
     backward: float = 0.0
 
     def check(self) -> "StageSwitch":
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not is_real(value) or not math.isfinite(value) or value < 0:
-                raise CostError(f"stage_switch.{f.name} must be a finite fraction >= 0, got {value!r}")
-        return self
+        return _checked_nonnegative(self, "stage_switch", "fraction")
 
     @property
     def any(self) -> bool:
         return bool(self.forward or self.backward)
+
+
+def _checked_nonnegative(obj, name: str, what: str):
+    """`obj` if every field of the dataclass is a finite number >= 0, else CostError."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if not is_real(value) or not math.isfinite(value) or value < 0:
+            raise CostError(f"{name}.{f.name} must be a finite {what} >= 0, got {value!r}")
+    return obj
 
 
 @dataclass(frozen=True)
