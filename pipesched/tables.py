@@ -34,6 +34,10 @@ def print_costs(costs: CostModel) -> None:
         print(f"fixed time per op, kept whole when a stage is cut for another split: F {fmt_seconds(fixed.forward)}, "
               f"B {fmt_seconds(fixed.backward_input)}, W {fmt_seconds(fixed.backward_weight)}, "
               f"BW {fmt_seconds(fixed.backward_full)}")
+    switch = costs.stage_switch
+    if switch.any:
+        print(f"an op right after another stage's op on its rank runs longer (at the calibrated split: "
+              f"DualPipe's replicas): F {100 * switch.forward:.1f} %, backward {100 * switch.backward:.1f} %")
     net = costs.network
     for name, link in (("link", net.intra), ("inter-node link", net.inter)):
         if link is not None:

@@ -56,3 +56,10 @@ def test_a_calibration_cut_for_v2_keeps_its_fixed_times_and_adds_no_switch():
     switching = CostModel(model_stages=calibrated.model_stages, stage_switch=SWITCH)
     assert makespan("interleaved-1f1b", 2, 8, switching) == makespan("interleaved-1f1b", 2, 8, calibrated)
     assert makespan("dualpipe", 2, 8, switching) > makespan("dualpipe", 2, 8, calibrated)
+
+
+def test_the_cost_table_says_how_much_longer_a_switched_op_runs(capsys):
+    from pipesched.tables import print_costs
+
+    print_costs(CostModel(stages=PLAIN.stages, stage_switch=StageSwitch(forward=0.054, backward=0.018)))
+    assert "runs longer (at the calibrated split: DualPipe's replicas): F 5.4 %, backward 1.8 %" in capsys.readouterr().out
