@@ -44,9 +44,9 @@ def without_timing(text: str) -> list[str]:
     ("accuracy_random.py", "accuracy_random_seed2035_runs.json.gz", "accuracy_random_seed2035.txt"),
     # drawn fresh after the even-against-odd-steps report, no change to the predictor (2026-11-26)
     ("accuracy_random.py", "accuracy_random_seed2036_runs.json.gz", "accuracy_random_seed2036.txt"),
-    # drawn fresh after calibration measured the stage switch (2026-11-26, third session); 2041 at p = 2 and 4
+    # drawn fresh after calibration measured the stage switch (2026-11-26, third session); 2041 and 2045 at p = 2 and 4
     *[("accuracy_random.py", f"accuracy_random_seed{s}_runs.json.gz", f"accuracy_random_seed{s}.txt")
-      for s in (2041, 2042, 2043, 2044)],
+      for s in (2041, 2042, 2043, 2044, 2045)],
     # the 16-core GPU machine (threads per rank: 16 / p; "1thread": taskset to p cores), 2026-11-26
     *[("accuracy_random.py", f"accuracy_random_seed2040_16core_{k}_runs.json.gz", f"accuracy_random_seed2040_16core_{k}.txt")
       for k in ("p2", "p4", "p8", "1thread_p2", "1thread_p8")],
