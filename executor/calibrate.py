@@ -83,8 +83,7 @@ class _RankReport:
     links: dict[tuple[int, int], list[float]]       # pair -> one-way seconds per size (lower rank only)
     isend_posting: dict[tuple[int, int], float]     # pair -> seconds of the ping-pong's isend call
     posting: dict[tuple[int, int], PostingCosts]    # pair -> this rank's side of handling its transfers
-    switches: list[tuple[float, float]] = field(default_factory=list)  # per own stage: F and backward after
-                                                    # a copy of the stage (executor.profile.switch_slowdown)
+    switches: list[tuple[float, float]] = field(default_factory=list)  # per own stage (switch_slowdown)
 
 
 def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
@@ -136,8 +135,7 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
             alone = [profile_stage(*stages[k], ctx.device, options.repeats, options.warmup, ctx.rank) for k in own]
             # On a GPU ops stream from memory either way; where ranks share a core, the other
             # rank's ops refill its caches between any two ops, so runs of one stage per rank
-            # already show the cost (measured: seed 2041 at p = 4 on 2 cores, 4.94 % without
-            # the switch, 5.26 % with it).
+            # already show the cost (docs/accuracy.md, "The stage switch").
             if ctx.device.type == "cpu" and not sharing:
                 switches = [switch_slowdown(*stages[k], options.repeats, options.warmup) for k in own]
     slowdowns = []

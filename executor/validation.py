@@ -38,7 +38,7 @@ from pipesched.simulator.trace import Trace
 from .calibrate import CalibrationOptions, oversubscribed
 from .dp_calibrate import calibrate_data_parallel
 from .job import RunOptions, RunResult
-from .run_calibration import calibrate_then_run, same_network as resplit_model
+from .run_calibration import calibrate_then_run, same_network
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
 
@@ -184,8 +184,8 @@ def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel
                       calibration: CalibrationOptions, options: RunOptions):
     """Collective: calibrate, then run (with op times from runs, the run's steps in turn
     with the calibration runs'); rank 0 returns (costs, RunResult)."""
-    costs, results = calibrate_then_run(ctx, schedule, model, calibration, options)
-    return (costs, results[0]) if ctx.rank == 0 else None
+    out = calibrate_and_run_all(ctx, [schedule], [model], calibration, options)
+    return None if out is None else (out[0], out[1][0])
 
 
 def calibrate_and_run_all(ctx: RankContext, schedules: list[Schedule], models: list, calibration: CalibrationOptions,
@@ -231,7 +231,7 @@ def validate_schedules(schedules: list[Schedule], model: PipelineModel | Example
     schedule run on the same network, a step of each in turn, and each compared with its
     prediction from that one cost model. The schedules need the same ranks; `model` is
     the network as split for the first, the others get it split for them
-    (`same_network`). One local launch: not under torchrun, no data parallelism."""
+    (`network_for`). One local launch: not under torchrun, no data parallelism."""
     if not schedules:
         raise ValueError("no schedule to validate")
     if options.dp > 1 or under_torchrun():
@@ -240,7 +240,7 @@ def validate_schedules(schedules: list[Schedule], model: PipelineModel | Example
     if any(s.ranks != first.ranks for s in schedules):
         raise ValueError("the schedules compared must have as many ranks: "
                          + ", ".join(f"{s.name} {s.ranks}" for s in schedules))
-    models = [same_network(model, first, s) for s in schedules]
+    models = [network_for(model, first, s) for s in schedules]
     calibration = _checked(calibration, options)
     out = launch_local(calibrate_and_run_all, (schedules, models, calibration, options), first.ranks, backend,
                        options.timeout * len(schedules))
@@ -248,12 +248,12 @@ def validate_schedules(schedules: list[Schedule], model: PipelineModel | Example
     return [assemble(s, costs, r, options) for s, r in zip(schedules, results)]
 
 
-def same_network(model: PipelineModel | ExampleModel, split_for: Schedule, schedule: Schedule
-                 ) -> PipelineModel | ExampleModel:
+def network_for(model: PipelineModel | ExampleModel, split_for: Schedule, schedule: Schedule
+                ) -> PipelineModel | ExampleModel:
     """`model` (split into `split_for`'s model stages) split into `schedule`'s
     (`run_calibration.same_network`); ValueError where it cannot be."""
     have, want = split_for.num_model_stages, schedule.num_model_stages
-    resplit = resplit_model(model, have, want)
+    resplit = same_network(model, have, want)
     if resplit is None:
         raise ValueError(f"{schedule.name} cuts the network into {want} model stages and {split_for.name} into "
                          f"{have}: only an example model whose stages' blocks halve can run both "

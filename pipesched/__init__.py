@@ -193,11 +193,11 @@ def validate_many(schedules: "list[Schedule]", model: "PipelineModel | ExampleMo
     per model stage). No data parallelism, not under torchrun."""
     from .executor.calibrate import CalibrationOptions
     from .executor.job import RunOptions, prepare
-    from .executor.validation import same_network, validate_schedules
+    from .executor.validation import network_for, validate_schedules
 
     options = options or RunOptions()
     for schedule in schedules:
-        prepare(schedule, same_network(model, schedules[0], schedule), backend, options.dp)
+        prepare(schedule, network_for(model, schedules[0], schedule), backend, options.dp)
     return validate_schedules(list(schedules), model, options, calibration or CalibrationOptions(), backend)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -724,16 +724,9 @@ def from_dict(data: Any) -> CostModel:
     if unknown:
         raise CostError(f"data_parallel has unknown field {unknown[0]!r}; fields are {', '.join(sorted(dp_fields))}")
     data_parallel = DataParallel(**_units(dp, "data_parallel"))
-    fixed = data.get("fixed_op_times", {})
-    fixed_fields = {f.name for f in fields(FixedOpTimes)}
-    if not isinstance(fixed, dict) or set(fixed) - fixed_fields:
-        raise CostError(f"fixed_op_times must be an object with {', '.join(sorted(fixed_fields))} (seconds)")
-    fixed_op_times = FixedOpTimes(**_units(fixed, "fixed_op_times"))
-    switch = data.get("stage_switch", {})
-    switch_fields = {f.name for f in fields(StageSwitch)}
-    if not isinstance(switch, dict) or set(switch) - switch_fields:
-        raise CostError(f"stage_switch must be an object with {', '.join(sorted(switch_fields))} (fractions)")
-    stage_switch = StageSwitch(**switch)
+    fixed_op_times = FixedOpTimes(**_units(_fields_of(data, "fixed_op_times", FixedOpTimes, "seconds"),
+                                           "fixed_op_times"))
+    stage_switch = StageSwitch(**_fields_of(data, "stage_switch", StageSwitch, "fractions"))
     layers = None
     if "layers" in data:
         from .layers import layers_from_dict  # it builds on this module
@@ -747,6 +740,16 @@ def from_dict(data: Any) -> CostModel:
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
                      data_parallel=data_parallel, layers=layers, fixed_op_times=fixed_op_times,
                      stage_switch=stage_switch, meta=meta).check()
+
+
+def _fields_of(data: dict, name: str, cls, unit: str) -> dict:
+    """The object `data[name]` (empty where absent), CostError unless its keys are fields
+    of the dataclass `cls`."""
+    value = data.get(name, {})
+    names = {f.name for f in fields(cls)}
+    if not isinstance(value, dict) or set(value) - names:
+        raise CostError(f"{name} must be an object with {', '.join(sorted(names))} ({unit})")
+    return value
 
 
 def to_dict(model: CostModel) -> dict:
@@ -783,10 +786,9 @@ def to_dict(model: CostModel) -> dict:
                        "pinned": model.host.pinned, "switching": model.host.switching, "gpu": model.host.gpu}
         if model.host.host_time_first:
             doc["host"]["host_time_first"] = True
-    if model.fixed_op_times.any:
-        doc["fixed_op_times"] = {f.name: getattr(model.fixed_op_times, f.name) for f in fields(FixedOpTimes)}
-    if model.stage_switch.any:
-        doc["stage_switch"] = {f.name: getattr(model.stage_switch, f.name) for f in fields(StageSwitch)}
+    for name in ("fixed_op_times", "stage_switch"):
+        if getattr(model, name).any:
+            doc[name] = asdict(getattr(model, name))
     if model.host_overhead.any:
         o = model.host_overhead
         doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv,

@@ -127,10 +127,11 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
         durations = None
         if sharing is not None and shares_cores(sharing, world_ranks(trace)):
             durations, dedicated = dedicated_durations(trace, sharing), True
-        unswitched = _switch_factors(base.stage_switch, schedule, trace) if split == stages else {}
+        unswitched = _switch_factors(base.stage_switch, schedule) if split == stages else {}
         for key, values in op_time_samples(schedule, trace, durations).items():
             if len(values):
-                per_split.setdefault(split, {}).setdefault(key, []).append(float(np.mean(values)) / unswitched.get(key, 1.0))
+                own_time = float(np.mean(values)) / unswitched.get(key, 1.0)
+                per_split.setdefault(split, {}).setdefault(key, []).append(own_time)
                 if split == stages:
                     pooled.setdefault(key, []).append(values)
     measured = {split: {key: float(np.median(v)) for key, v in means.items()}
@@ -181,13 +182,13 @@ def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> f
     return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
 
 
-def _switch_factors(switch: StageSwitch, schedule: Schedule, trace: Trace) -> dict[tuple[str, int], float]:
-    """(op, model stage) -> how much longer those ops ran in `trace` on average for running
-    right after another stage's ops (`StageSwitch`; 1 where none did)."""
+def _switch_factors(switch: StageSwitch, schedule: Schedule) -> dict[tuple[str, int], float]:
+    """(op, model stage) -> how much longer those ops run on average in a run of
+    `schedule` for running right after another stage's ops (`StageSwitch`; 1 where none do)."""
     if not switch.any:
         return {}
     return {(op, k): 1.0 + (switch.forward if op in (F, R) else switch.backward) * share
-            for (op, k), share in switched_share(schedule, trace).items()}
+            for (op, k), share in switched_share(validate(schedule)).items()}
 
 
 def _fixed_op_time(here: dict[tuple[str, int], float], stages: int,

@@ -22,10 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from pipesched.schedules.graph import TaskGraph
-from pipesched.schedules.ir import OPS, Schedule
+from pipesched.schedules.ir import OPS
 
 from .costs import CostModel
-from .trace import COMPUTE, Trace
 
 
 def switched_tasks(graph: TaskGraph) -> np.ndarray:
@@ -41,25 +40,17 @@ def switched_tasks(graph: TaskGraph) -> np.ndarray:
     return out
 
 
-def switched_share(schedule: Schedule, trace: Trace) -> dict[tuple[str, int], float]:
-    """(op, model stage) -> the share of those ops in `trace` that ran right after an op
-    of another virtual stage on their rank (by start time)."""
-    comp = np.flatnonzero((trace.lane == COMPUTE) & (trace.op < len(OPS)))
-    model = np.asarray([s.model_stage for s in schedule.stages], dtype=np.int64)
-    counts: dict[tuple[str, int], list[int]] = {}
-    for r in np.unique(trace.rank[comp]):
-        ids = comp[trace.rank[comp] == r]
-        ids = ids[np.argsort(trace.start[ids], kind="stable")]
-        after_other = np.r_[False, trace.stage[ids[1:]] != trace.stage[ids[:-1]]]
-        for i, switched in zip(ids, after_other):
-            seen = counts.setdefault((OPS[trace.op[i]], int(model[trace.stage[i]])), [0, 0])
-            seen[0] += int(switched)
-            seen[1] += 1
-    return {key: s / n for key, (s, n) in counts.items()}
+def switched_share(graph: TaskGraph) -> dict[tuple[str, int], float]:
+    """(op, model stage) -> the share of those tasks that `switched_tasks` marks: how many
+    of them a run of the schedule executes right after another stage's op."""
+    col = graph.columns()
+    model = np.asarray([s.model_stage for s in graph.schedule.stages], dtype=np.int64)[col["stage"]]
+    switched = switched_tasks(graph)
+    return {(OPS[o], int(k)): float(switched[(col["op"] == o) & (model == k)].mean())
+            for o, k in {(int(a), int(b)) for a, b in zip(col["op"], model)}}
 
 
 def switch_applies(costs: CostModel, num_model_stages: int) -> bool:
     """Whether `costs.stage_switch` lengthens ops of a schedule with this many model
     stages: yes unless its `model_stages` are cut for it (module docstring)."""
-    return costs.stage_switch.any and (costs.model_stages is None or costs.layers is not None
-                                       or len(costs.model_stages) >= num_model_stages)
+    return costs.stage_switch.any and (costs.model_stages is None or len(costs.model_stages) >= num_model_stages)

@@ -24,6 +24,15 @@ def test_a_switch_lengthens_the_op_after_it_by_its_fraction():
     assert makespan("looped-bfs", 1, 2, CostModel(stages=PLAIN.stages, stage_switch=SWITCH)) == pytest.approx(6.5)
 
 
+def test_the_share_of_switched_ops_per_op_kind_and_model_stage():
+    from pipesched.schedules.validate import validate
+    from pipesched.simulator.switches import switched_share
+
+    # the same program as above: F of stage 1 and BW of stage 0 each follow the other stage once in two
+    assert switched_share(validate(build("looped-bfs", 1, 2))) == {
+        ("F", 0): 0.0, ("F", 1): 0.5, ("BW", 1): 0.0, ("BW", 0): 0.5}
+
+
 def test_one_stage_per_rank_never_switches():
     switching = CostModel(stages=PLAIN.stages, stage_switch=SWITCH)
     for name in ("gpipe", "1f1b", "zb-h1"):

@@ -49,14 +49,14 @@ def run_many(args: argparse.Namespace) -> int:
         for item, name in zip(items, folders):
             check_out_folder(str(Path(args.out) / name), item)
     import_executor("validate")
-    from pipesched.executor.validation import same_network, validate_schedules
+    from pipesched.executor.validation import network_for, validate_schedules
 
     options = run_options(args)
     check_launchable_ranks(args.ranks, options.dp)
     model = model_from_args(args, schedules[0])
     for schedule in schedules:
         try:
-            prepare_checked(schedule, same_network(model, schedules[0], schedule), args.backend)
+            prepare_checked(schedule, network_for(model, schedules[0], schedule), args.backend)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     calibration = calibration_options(args)
