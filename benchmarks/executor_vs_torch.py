@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from pipesched.executor.launch import launch_local, threads_per_rank  # noqa: E402
+from pipesched.executor.launch import launch_local  # noqa: E402
+from pipesched.executor.placement import threads_per_rank  # noqa: E402
 from pipesched.executor.models import ExampleModel, check_model  # noqa: E402
 from pipesched.executor.runtime import RankRuntime  # noqa: E402
 from pipesched.executor.torch_schedules import torch_schedule  # noqa: E402

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipesched.executor.hf_models import HF_PRESETS, HFModel  # noqa: E402
 from pipesched.executor.job import RunOptions, launch  # noqa: E402
-from pipesched.executor.launch import threads_per_rank  # noqa: E402
+from pipesched.executor.placement import threads_per_rank  # noqa: E402
 from pipesched.executor.torch_runtime import run_on_torch_runtime  # noqa: E402
 from pipesched.schedules.registry import build  # noqa: E402
 

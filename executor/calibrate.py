@@ -36,7 +36,8 @@ from pipesched.simulator.costs import CostModel, HostOverhead, HostSharing, Link
 
 from . import progress
 from .comm import link_groups
-from .launch import RankContext, host_cores, launch_local, run_here, under_torchrun
+from .launch import RankContext, launch_local, run_here, under_torchrun
+from .placement import host_cores
 from .links import PostingCosts, fit_link, pingpong, posting_costs
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
 from .profile import (OPS_PER_REPETITION, StageProfile, iteration_ends, profile_stage, seconds_per_iteration,
@@ -291,7 +292,7 @@ def host_sharing(backend: str, cores: int, threads: int, ranks: int, hosts: list
     """How ranks on one host share it, or None when it is not modelled (several hosts,
     or one GPU per rank). gloo-cuda ranks time-slice the GPUs; CPU ranks slow each other
     down by `interference` when all cores are busy, and where they outnumber the cores
-    they are pinned round-robin (`executor.launch.rank_cores`) and share their core.
+    they are pinned round-robin (`executor.placement.rank_cores`) and share their core.
     gloo waits sleep, so a waiting rank asks for no core."""
     if len(set(hosts)) != 1:
         return None

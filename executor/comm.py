@@ -40,6 +40,7 @@ from pipesched.schedules.ir import Task
 from .clock import now
 from .memory import MemoryLedger
 from .models import TensorSpec
+from .placement import loops_off_own_cores
 
 
 class ExecutorError(RuntimeError):
@@ -86,14 +87,16 @@ _LINK_GROUPS: dict[tuple[int, int, int], object] = {}  # (world group id, src, d
 
 def link_groups(links: list[tuple[int, int]]) -> dict[tuple[int, int], object]:
     """A process group per directed link (src, dst), created once per process and
-    reused. Collective: every rank must call it with the same links, in any order."""
+    reused. Collective: every rank must call it with the same links, in any order. The
+    groups' event loops run off the rank's own cores (`placement.loops_off_own_cores`)."""
     world = id(dist.group.WORLD)
     out = {}
-    for src, dst in sorted(set(links)):
-        key = (world, src, dst)
-        if key not in _LINK_GROUPS:
-            _LINK_GROUPS[key] = dist.new_group(sorted((src, dst)))
-        out[(src, dst)] = _LINK_GROUPS[key]
+    with loops_off_own_cores():
+        for src, dst in sorted(set(links)):
+            key = (world, src, dst)
+            if key not in _LINK_GROUPS:
+                _LINK_GROUPS[key] = dist.new_group(sorted((src, dst)))
+            out[(src, dst)] = _LINK_GROUPS[key]
     return out
 
 

@@ -31,6 +31,7 @@ from pipesched.schedules.ir import BW, W
 from .clock import now
 from .comm import ExecutorError
 from .models import PipelineModel
+from .placement import loops_off_own_cores
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,10 @@ def last_weight_tasks(graph: TaskGraph, rank: int) -> dict[int, int]:
 
 def dp_groups(ranks: int, replicas: int) -> list:
     """One process group per pipeline position: the ranks r, r + p, r + 2p, ... Collective:
-    every rank creates every group, in the same order."""
-    return [dist.new_group([q * ranks + r for q in range(replicas)]) for r in range(ranks)]
+    every rank creates every group, in the same order. Their event loops run off the
+    rank's own cores (`placement.loops_off_own_cores`)."""
+    with loops_off_own_cores():
+        return [dist.new_group([q * ranks + r for q in range(replicas)]) for r in range(ranks)]
 
 
 def trainable(module: nn.Module) -> list[nn.Parameter]:

@@ -49,7 +49,8 @@ from .calibrate import CalibrationOptions, _free_running
 from .clock import now
 from .data_parallel import Layout, allreduce_bucket, dp_groups, sgd_step, trainable
 from .job import RunOptions, RunResult, run_schedule
-from .launch import RankContext, host_cores
+from .launch import RankContext
+from .placement import host_cores
 from .links import fit_link
 from .models import ExampleModel, PipelineModel, check_model
 from .profile import stage_for_profiling
@@ -71,7 +72,7 @@ class DataParallelProfile:
     allreduce: list[float]               # median seconds per size (the slowest DP group)
     latency: float
     bandwidth: float
-    cores: int = 1        # the host's cores the launch shared (`launch.host_cores`)
+    cores: int = 1        # the host's cores the launch shared (`placement.host_cores`)
     threads: int = 1      # intra-op threads per rank in the launch
     one_host: bool = True
     runs: list = field(default_factory=list)  # (Schedule, replica 0's Trace) per measured step of the calibration runs
@@ -190,7 +191,7 @@ def _assemble(schedule: Schedule, replicas: int, sizes: list[int], reports: list
 
 
 def cores_shared(rank: int, ranks: int, cores: int) -> int:
-    """How many of `ranks` ranks, pinned round-robin (`launch.rank_cores`), share
+    """How many of `ranks` ranks, pinned round-robin (`placement.rank_cores`), share
     `rank`'s core: 1 where every rank has cores of its own."""
     return 1 if ranks <= cores else len(range(rank % cores, ranks, cores))
 

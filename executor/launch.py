@@ -15,8 +15,9 @@ it SIGKILL (prctl PR_SET_PDEATHSIG), and everywhere a watchdog thread sees the
 launcher's end of the control pipe close and exits the rank.
 
 Each rank gets `cores // ranks on this host` intra-op threads (at least 1) and one
-inter-op thread, so ranks do not oversubscribe the cores, and an allocator that keeps
-freed memory (`keep_freed_memory`).
+inter-op thread, so ranks do not oversubscribe the cores; it is pinned to its share of
+the cores, the event loops of the gloo groups that carry its data run off them
+(`executor.placement`), and its allocator keeps freed memory (`keep_freed_memory`).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import ExecutorError
+from .placement import pin_to_cores, threads_per_rank
 
 BACKENDS = ("gloo", "nccl", "gloo-cuda")
 KILL_GRACE_S = 2.0
@@ -126,48 +128,6 @@ def rank_device(backend: str, local_rank: int) -> torch.device:
     device = torch.device("cuda", local_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
-
-
-_HOST_CORES: list[int] = []  # the cores this job may use, as seen before a rank pinned itself
-
-
-def host_cores() -> int:
-    """How many cores the job's ranks share on this host."""
-    if _HOST_CORES:
-        return len(_HOST_CORES)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def threads_per_rank(local_world: int) -> int:
-    return max(1, host_cores() // max(1, local_world))
-
-
-def rank_cores(local_rank: int, local_world: int, cores: list[int]) -> list[int]:
-    """The cores a rank is pinned to: an equal, disjoint share when there are at least
-    as many cores as ranks, else one core shared round-robin."""
-    share = len(cores) // local_world
-    if share == 0:
-        return [cores[local_rank % len(cores)]]
-    return cores[local_rank * share:(local_rank + 1) * share]
-
-
-def pin_to_cores(local_rank: int, local_world: int) -> None:
-    """Pin this rank's process (and the threads it starts later) to its cores
-    (`rank_cores`). With a core each, a rank's communication threads run beside its own
-    compute rather than preempting another rank's: faster steps that the simulator
-    predicts better (docs/executor.md has the measurements). With more
-    ranks than cores, a fixed round-robin placement shares each core among known ranks,
-    which the simulator models (`HostSharing.pinned`); left to the operating system,
-    the ranks migrated between cores and ran slower than fair sharing predicts.
-    Where affinity is not supported, nothing changes."""
-    if not hasattr(os, "sched_setaffinity"):
-        return
-    cores = sorted(os.sched_getaffinity(0))
-    _HOST_CORES[:] = cores
-    try:
-        os.sched_setaffinity(0, rank_cores(local_rank, local_world, cores))
-    except OSError:
-        pass
 
 
 def configure_process(local_world: int, local_rank: int | None = None) -> None:

@@ -12,7 +12,8 @@ from pipesched.executor.calibrate import CalibrationOptions  # noqa: E402
 from pipesched.executor.dp_calibrate import measure_here, with_data_parallel  # noqa: E402
 from pipesched.executor.run_calibration import RUN_STEPS  # noqa: E402
 from pipesched.executor.job import RunOptions, run_schedule  # noqa: E402
-from pipesched.executor.launch import host_cores, launch_local  # noqa: E402
+from pipesched.executor.launch import launch_local  # noqa: E402
+from pipesched.executor.placement import host_cores  # noqa: E402
 from pipesched.executor.models import ExampleModel  # noqa: E402
 from pipesched.schedules.registry import build  # noqa: E402
 from pipesched.simulator.costs import CostModel, StageCost  # noqa: E402
