@@ -7,6 +7,8 @@ settings a run gets):
    barrier (gloo waits sleep), so every profile is of a rank computing alone
    (`executor.profile`): T_F, T_B, T_W, T_BW, what the first backward of a step saves,
    the bytes F saves and B keeps, parameter bytes, the runtime's bookkeeping per op;
+   then, on CPUs where each rank has its own cores, every rank at once measures how much
+   longer its ops run right after a copy of its stage's (`stage_switch`);
 2. where ranks share a host, as many as its cores hold profile again side by side in
    lockstep: how much slower compute gets when all cores are busy (`interference`);
    where ranks outnumber the cores (and are pinned round-robin), each rank runs
@@ -134,11 +136,14 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
         dist.barrier()
         if turn == ctx.rank:
             alone = [profile_stage(*stages[k], ctx.device, options.repeats, options.warmup, ctx.rank) for k in own]
-            # On a GPU ops stream from memory either way; where ranks share a core, the other
-            # rank's ops refill its caches between any two ops, so runs of one stage per rank
-            # already show the cost (docs/accuracy.md, "The stage switch").
-            if ctx.device.type == "cpu" and not sharing:
-                switches = [switch_slowdown(*stages[k], options.repeats, options.warmup) for k in own]
+    # Stage switches: every rank at once, as a schedule whose ranks hold two stages runs
+    # them (all ranks switch, and the cores share their last-level cache). On a GPU ops
+    # stream from memory either way; where ranks share a core, the other rank's ops refill
+    # its caches between any two ops, so runs of one stage per rank already show the cost
+    # (docs/accuracy.md, "The stage switch").
+    if ctx.device.type == "cpu" and not sharing:
+        dist.barrier()
+        switches = [switch_slowdown(*stages[k], options.repeats, options.warmup) for k in own]
     slowdowns = []
     if sharing:  # ranks outnumber the cores: how they share a core, and all the cores, free-running
         loops["alone"] = [_free_running(ctx, [r], stages[own[0]], iterations) for r in range(ctx.world)][ctx.rank]

@@ -126,10 +126,13 @@ def stage_for_profiling(model: PipelineModel, specs: list[TensorSpec], k: int, d
 
 def switch_slowdown(sm: StageModule, x: torch.Tensor, target: torch.Tensor | None, grad: torch.Tensor | None,
                     repeats: int, warmup: int) -> tuple[float, float]:
-    """(forward, backward): how much longer `sm`'s F and fused backward take right after
-    the F and backward of a copy of the stage (the same shapes in other memory, as a rank
-    holding two stages switches between them) than right after its own, as fractions (at
-    least 0). CPU only: the two conditions alternate within each repetition, medians."""
+    """(forward, backward): how much longer `sm`'s F takes right after the backward of a
+    copy of the stage (the same shapes in other memory) than right after its own backward,
+    and its fused backward right after the copy's F than right after another F of its
+    own: a rank holding two stages alternates them so (DualPipe's F&B pairs: each F
+    after the other stage's backward, each backward after the other stage's F). As
+    fractions, at least 0. CPU only: the two conditions alternate within each
+    repetition, medians."""
     module = copy.deepcopy(sm.module)
     stages = sm.model_stage + (1 if sm.is_last else 2)  # so the copy is first or last as `sm` is
     other = StageModule(module, sm.model_stage, stages, sm.loss_fn, sm.loss_scale,
@@ -142,10 +145,14 @@ def switch_slowdown(sm: StageModule, x: torch.Tensor, target: torch.Tensor | Non
             before.backward_full(state, grad)
             start = now()
             state, _ = sm.forward(0, x.detach().clone(), target)
-            mid = now()
+            forward = now() - start
+            between, _ = before.forward(1, x.detach().clone(), target)  # another microbatch's F
+            start = now()
             sm.backward_full(state, grad)
+            backward = now() - start
+            before.backward_full(between, grad)  # untimed: releases what it saved
             if i >= warmup:
-                taken[after_other].append((mid - start, now() - mid))
+                taken[after_other].append((forward, backward))
     for p in sm.params + other.params:
         p.grad = None
 

@@ -92,3 +92,16 @@ def test_the_compared_prediction_leaves_parameters_out():
     costs = uniform(1, 1, 1, param_bytes=100, activation_memory=5)
     stripped = without_parameters(costs)
     assert stripped.stages[0].param_bytes == 0 and stripped.stages[0].activation_memory == 5
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_the_stage_switch_measurement_leaves_the_stage_as_it_found_it(k):
+    from pipesched.executor.profile import stage_for_profiling, switch_slowdown
+
+    model = ExampleModel("mlp", hidden=64, layers_per_stage=2, microbatch_size=16)
+    built = model.build(3, 2)
+    sm, x, target, grad = stage_for_profiling(built, check_model(built, 3, 2), k, torch.device("cpu"))
+    forward, backward = switch_slowdown(sm, x, target, grad, repeats=3, warmup=1)
+    assert 0 <= forward < math.inf and 0 <= backward < math.inf
+    assert all(p.grad is None for p in sm.params)
+    assert sm.ledger.current == 0  # every F it ran was taken back by its backward
