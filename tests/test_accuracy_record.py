@@ -47,6 +47,10 @@ def without_timing(text: str) -> list[str]:
     # drawn fresh after calibration measured the stage switch (2026-11-26, third session); 2041 and 2045 at p = 2 and 4
     *[("accuracy_random.py", f"accuracy_random_seed{s}_runs.json.gz", f"accuracy_random_seed{s}.txt")
       for s in (2041, 2042, 2043, 2044, 2045)],
+    # drawn fresh after gloo's link loops moved off the rank's core (2047, 2048: p = 2 and 4) and
+    # after the stage switch was measured as DualPipe switches (2052, 2053: p = 2), 2026-11-26, fourth session
+    *[("accuracy_random.py", f"accuracy_random_seed{s}_runs.json.gz", f"accuracy_random_seed{s}.txt")
+      for s in (2047, 2048, 2052, 2053)],
     # the 16-core GPU machine (threads per rank: 16 / p; "1thread": taskset to p cores), 2026-11-26
     *[("accuracy_random.py", f"accuracy_random_seed2040_16core_{k}_runs.json.gz", f"accuracy_random_seed2040_16core_{k}.txt")
       for k in ("p2", "p4", "p8", "1thread_p2", "1thread_p8")],
