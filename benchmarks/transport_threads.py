@@ -39,11 +39,11 @@ SHORT_FORWARD_S = 1.5e-3  # an estimated forward under this is a short-op model 
 
 
 def both_ways(ctx, p: int, draw, options):
-    """One launch: every schedule that builds, opened twice; measured steps taken in turn,
-    the event loops moved to the rank's own core before each 'own' step and off it
-    before each 'off' step. Rank 0 returns {(name, placement): RunResult}."""
+    """One launch: every schedule that builds, run twice (`run_in_turn`), the links'
+    event loops moved to the rank's own core before each 'own' step and off it before
+    each 'off' step. Rank 0 returns {(name, placement): RunResult}."""
     from pipesched.executor.comm import link_groups
-    from pipesched.executor.job import OpenRun
+    from pipesched.executor.job import run_in_turn
     from pipesched.executor.placement import job_cores, place_transport_threads, transport_threads
 
     own = set(os.sched_getaffinity(0))
@@ -57,23 +57,10 @@ def both_ways(ctx, p: int, draw, options):
     before = set(transport_threads())
     link_groups([(a, b) for a in range(p) for b in range(p) if a != b])  # every link's group now
     loops = set(transport_threads()) - before  # the links' loops (the default group's stays on its core)
-    runs = {(s.name, way): OpenRun(ctx, s, draw.model(s.num_model_stages // p), options)
-            for s in schedules for way in PLACEMENTS}
-    try:
-        for (_, way), run in runs.items():
-            place_transport_threads(loops, where[way])
-            while len(run.records) < options.warmup:
-                run.step()
-        while not all(run.done for run in runs.values()):
-            for (_, way), run in runs.items():
-                if not run.done:
-                    place_transport_threads(loops, where[way])
-                    run.step()
-    finally:
-        for run in runs.values():
-            run.close()
-    results = {key: run.finish() for key, run in runs.items()}
-    return results if ctx.rank == 0 else None
+    keys = [(s.name, way) for s in schedules for way in PLACEMENTS]
+    runs = [(s, draw.model(s.num_model_stages // p), options) for s in schedules for _ in PLACEMENTS]
+    results = run_in_turn(ctx, runs, before_step=lambda i: place_transport_threads(loops, where[keys[i][1]]))
+    return dict(zip(keys, results)) if ctx.rank == 0 else None
 
 
 def longest_gap(trace) -> float:

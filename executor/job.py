@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -224,25 +225,29 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
     return run_in_turn(ctx, [(schedule, model, options)])[0]
 
 
-def run_in_turn(ctx: RankContext, runs: list[tuple[Schedule, PipelineModel | ExampleModel, RunOptions]]
-                ) -> list[RunResult | None]:
+def run_in_turn(ctx: RankContext, runs: list[tuple[Schedule, PipelineModel | ExampleModel, RunOptions]],
+                before_step: Callable[[int], None] | None = None) -> list[RunResult | None]:
     """Collective: several schedules, each with its model and options; their warm-ups
     first, then one measured step of each in turn until each has its steps, so that a
     host whose speed drifts (shared machines) slows all of them alike. Rank 0 gets a
     RunResult per run; each run's gradients checked are those of its own last step
-    (runs may share a PipelineModel's parameters)."""
+    (runs may share a PipelineModel's parameters). `before_step(i)`, if given, is called
+    before every step of run i (e.g. to set up what that run compares)."""
     opened: list[OpenRun] = []
     try:
         for schedule, model, options in runs:
             opened.append(OpenRun(ctx, schedule, model, options))
-        for run in opened:
+        prepare = before_step or (lambda i: None)
+        for i, run in enumerate(opened):
             progress.say(ctx.rank, f"running {run.schedule.name}: {run.options.warmup} warm-up and "
                                    f"{run.options.steps} measured steps")
             while len(run.records) < run.options.warmup:
+                prepare(i)
                 run.step()
         while not all(run.done for run in opened):
-            for run in opened:
+            for i, run in enumerate(opened):
                 if not run.done:
+                    prepare(i)
                     run.step()
     finally:
         for run in opened:

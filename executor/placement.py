@@ -24,26 +24,32 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 TRANSPORT_THREAD_NAMES = ("gloo_tcp_loop",)
 """Linux thread names of gloo's socket event loops (one per process group)."""
 
-_HOST_CORES: list[int] = []  # the cores this job may use, as seen before a rank pinned itself
-_LOCAL_RANKS: list[int] = []  # how many ranks share them (set with _HOST_CORES)
+@dataclass(frozen=True)
+class _Job:
+    cores: tuple[int, ...]  # the cores this job may use, as seen before the rank pinned itself
+    ranks: int              # how many local ranks share them
+
+
+_job: _Job | None = None  # set by `pin_to_cores`
 
 
 def host_cores() -> int:
     """How many cores the job's ranks share on this host."""
-    if _HOST_CORES:
-        return len(_HOST_CORES)
+    if _job is not None:
+        return len(_job.cores)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def job_cores() -> set[int]:
     """The cores the job's ranks share on this host, as this rank saw them before it
     pinned itself; empty where it was never pinned."""
-    return set(_HOST_CORES)
+    return set(_job.cores) if _job is not None else set()
 
 
 def threads_per_rank(local_world: int) -> int:
@@ -67,11 +73,11 @@ def pin_to_cores(local_rank: int, local_world: int) -> None:
     round-robin placement shares each core among known ranks, which the simulator
     models; left to the operating system, the ranks migrated between cores and ran
     slower than fair sharing predicts. Where affinity is not supported, nothing changes."""
+    global _job
     if not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
-    _HOST_CORES[:] = cores
-    _LOCAL_RANKS[:] = [local_world]
+    _job = _Job(tuple(cores), local_world)
     try:
         os.sched_setaffinity(0, rank_cores(local_rank, local_world, cores))
     except OSError:
@@ -102,10 +108,10 @@ def place_transport_threads(threads: Iterable[int], cores: set[int] | None = Non
     (module docstring). Returns the cores they were given; an empty set where nothing
     moved (the rank has every core of the job, ranks share cores, the rank was never
     pinned, or affinity is unsupported)."""
-    if not hasattr(os, "sched_setaffinity") or not _HOST_CORES:
+    if not hasattr(os, "sched_setaffinity") or _job is None:
         return set()
     if cores is None:
-        if _LOCAL_RANKS and _LOCAL_RANKS[0] > len(_HOST_CORES):
+        if _job.ranks > len(_job.cores):
             return set()  # every core runs two ranks already: a third thread there slowed steps
         cores = job_cores() - os.sched_getaffinity(0)
     if not cores:
@@ -119,11 +125,10 @@ def place_transport_threads(threads: Iterable[int], cores: set[int] | None = Non
 
 
 @contextmanager
-def loops_off_own_cores() -> Iterator[set[int]]:
+def loops_off_own_cores() -> Iterator[None]:
     """Around the creation of process groups that carry a step's data (links, data-parallel
-    groups): the gloo event loops started inside run on the job's other cores. Yields the
-    set that then holds those cores (empty where nothing moved)."""
+    groups): the gloo event loops started inside run on the job's other cores
+    (`place_transport_threads`' default)."""
     before = set(transport_threads())
-    given: set[int] = set()
-    yield given
-    given |= place_transport_threads(set(transport_threads()) - before)
+    yield
+    place_transport_threads(set(transport_threads()) - before)

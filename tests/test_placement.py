@@ -40,25 +40,21 @@ def _start_named(names: list[bytes], stop: threading.Event) -> list[threading.Th
 @pytest.mark.skipif(not LINUX_AFFINITY or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and 2 cores")
 def test_only_loops_started_inside_the_block_leave_the_rank_core(monkeypatch):
     cores = sorted(os.sched_getaffinity(0))
-    monkeypatch.setattr(placement, "_HOST_CORES", cores)
-    monkeypatch.setattr(placement, "_LOCAL_RANKS", [2])
+    monkeypatch.setattr(placement, "_job", placement._Job(tuple(cores), 2))
     stop = threading.Event()
     earlier = _start_named([b"gloo_tcp_loop"], stop)  # as the default group's loop, before
-    given: list = []
     later: list = []
 
     def as_a_rank_pinned_to_the_first_core():  # affinity is per thread: this one plays the rank
         os.sched_setaffinity(0, {cores[0]})
-        with loops_off_own_cores() as moved:  # as creating the link groups
+        with loops_off_own_cores():  # as creating the link groups
             later.extend(_start_named([b"gloo_tcp_loop", b"other_worker"], stop))
-        given.append(moved)
 
     rank = threading.Thread(target=as_a_rank_pinned_to_the_first_core)
     rank.start()
     rank.join()
     try:
         assert sorted(transport_threads()) == sorted([earlier[0].native_id, later[0].native_id])
-        assert given == [set(cores[1:])]
         assert os.sched_getaffinity(later[0].native_id) == set(cores[1:])
         assert os.sched_getaffinity(earlier[0].native_id) == set(cores)  # started before the block: untouched
         assert os.sched_getaffinity(later[1].native_id) == {cores[0]}  # not gloo's loop: stays
@@ -67,20 +63,20 @@ def test_only_loops_started_inside_the_block_leave_the_rank_core(monkeypatch):
 
 
 def test_nothing_moves_in_a_process_that_was_never_pinned(monkeypatch):
-    monkeypatch.setattr(placement, "_HOST_CORES", [])
+    monkeypatch.setattr(placement, "_job", None)
     assert place_transport_threads([threading.get_native_id()]) == set()
 
 
 @pytest.mark.skipif(not LINUX_AFFINITY, reason="needs Linux")
 def test_nothing_moves_where_ranks_share_cores(monkeypatch):
-    monkeypatch.setattr(placement, "_HOST_CORES", sorted(os.sched_getaffinity(0)))
-    monkeypatch.setattr(placement, "_LOCAL_RANKS", [2 * len(os.sched_getaffinity(0))])
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    monkeypatch.setattr(placement, "_job", placement._Job(cores, 2 * len(cores)))
     assert place_transport_threads([threading.get_native_id()]) == set()
 
 
 @pytest.mark.skipif(not LINUX_AFFINITY, reason="needs Linux")
 def test_nothing_moves_when_the_rank_has_every_core(monkeypatch):
-    monkeypatch.setattr(placement, "_HOST_CORES", sorted(os.sched_getaffinity(0)))
+    monkeypatch.setattr(placement, "_job", placement._Job(tuple(sorted(os.sched_getaffinity(0))), 1))
     assert place_transport_threads([threading.get_native_id()]) == set()
 
 
