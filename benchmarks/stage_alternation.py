@@ -5,10 +5,12 @@ A DualPipe rank holds two model stages and alternates between them; the calibrat
 longer than the same ops in 1F1B, most on small models. This measures it in one process,
 one thread, with nothing else running: each example model stage's forward and fused
 backward (a) back to back with itself, (b) each right after the forward and backward of
-the next model stage, and (c) right after those of a copy of itself (same shapes, other
-memory: what a calibration could measure on one rank without building another stage).
-Printed per model: the medians and the ratios (b)/(a) and (c)/(a), measured in the same
-run.
+the next model stage, (c) right after those of a copy of itself (same shapes, other
+memory: what a calibration could measure on one rank without building another stage),
+and (d) the second time in a row after the copy's (copy, own, own timed: an op that does
+not switch, on a rank whose other stage ran just before; DualPipe runs many). Printed
+per model: the medians and the ratios (b)/(a), (c)/(a) and (d)/(a), measured in the
+same run.
 
     python benchmarks/stage_alternation.py [--repeats 300]
 """
@@ -41,21 +43,23 @@ def forward_backward(module: torch.nn.Module, x: torch.Tensor) -> tuple[float, f
 
 
 def measure(model: ExampleModel, repeats: int) -> dict[str, tuple[float, float]]:
-    """Median (forward, backward) seconds of stage 0 alone, after stage 1, after a copy of stage 0."""
+    """Median (forward, backward) seconds of stage 0 alone, after stage 1, after a copy of
+    stage 0, and after the copy and then itself once."""
     own, other = model.build_stage(0), model.build_stage(1)
     twin = copy.deepcopy(own)
     x = model.microbatch(0)[0]
     out = {}
-    for label, before in (("alone", None), ("after the next stage", other), ("after a copy of itself", twin)):
+    for label, before in (("alone", ()), ("after the next stage", (other,)), ("after a copy of itself", (twin,)),
+                          ("second after a copy", (twin, own))):
         for _ in range(repeats // 5):  # warm-up
             forward_backward(own, x)
-            if before is not None:
-                forward_backward(before, x)
+            for module in before:
+                forward_backward(module, x)
         samples = []
         for _ in range(repeats):
             samples.append(forward_backward(own, x))
-            if before is not None:
-                forward_backward(before, x)
+            for module in before:
+                forward_backward(module, x)
         out[label] = (statistics.median(f for f, _ in samples), statistics.median(b for _, b in samples))
     return out
 
@@ -72,7 +76,7 @@ def main() -> int:
         got = measure(model, args.repeats)
         f0, b0 = got["alone"]
         parts = [f"F alone {1e3 * f0:.3f} ms, backward alone {1e3 * b0:.3f} ms"]
-        for label in ("after the next stage", "after a copy of itself"):
+        for label in ("after the next stage", "after a copy of itself", "second after a copy"):
             f, b = got[label]
             parts.append(f"{label}: F {100 * (f / f0 - 1):+.1f} %, backward {100 * (b / b0 - 1):+.1f} %")
         print(f"{kind} hidden {hidden}, {blocks} blocks, microbatch {mbs}: " + "; ".join(parts), flush=True)

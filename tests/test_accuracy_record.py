@@ -54,6 +54,9 @@ def without_timing(text: str) -> list[str]:
     # the 16-core GPU machine (threads per rank: 16 / p; "1thread": taskset to p cores), 2026-11-26
     *[("accuracy_random.py", f"accuracy_random_seed2040_16core_{k}_runs.json.gz", f"accuracy_random_seed2040_16core_{k}.txt")
       for k in ("p2", "p4", "p8", "1thread_p2", "1thread_p8")],
+    # again there, seed 2055 (2026-11-26, fifth session; p = 4 and 8 cut by the command's limit)
+    *[("accuracy_random.py", f"accuracy_random_seed2055_16core_{k}_runs.json.gz", f"accuracy_random_seed2055_16core_{k}.txt")
+      for k in ("p2", "p4", "p8")],
 ])
 def test_saved_runs_reproduce_the_recorded_accuracy(script, runs, recorded):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--from-runs",
