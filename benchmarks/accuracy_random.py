@@ -18,7 +18,8 @@ to the runs where they do not, and the step residual: how much longer the runs o
 1F1B and ZB-H1 measured than predicted; marked * in the table); for comparison, the same
 without the step residual (no-resid) and as calibration did before 2026-11-25 (1F1B and
 ZB-H1 only, pooled means, runs-v1) and, for runs whose calibration measured the stage
-switch (`simulator.switches`), without it (printed in the summary only).
+switch (`simulator.switches`), without it, and for runs whose calibration measured the op
+after the switched one, without that (both printed in the summary only).
 Printed per case: measured makespan, the predictions' errors, the replay error (the run simulated with
 its own op and transfer times and host time fitted to it: `simulator.replay`; replay-c
 with the calibrated host time) and the spread of the measured steps' makespans (the
@@ -169,6 +170,13 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
     if complete and solo.stage_switch.any:
         no_switch = costs_from_runs(replace(solo, stage_switch=StageSwitch()), runs + other, host_time=True,
                                     sharing=solo.host)
+    no_second = None  # the op after the switched one not lengthened (saved runs from before lack it)
+    switch = solo.stage_switch
+    samples = solo.meta.get("calibrated", {}).get("switch_samples") or []
+    if complete and any(len(s) == 4 for s in samples):
+        first_only = replace(switch, forward_second=0.0, backward_second=0.0)
+        no_second = from_runs if first_only == switch else costs_from_runs(
+            replace(solo, stage_switch=first_only), runs + other, host_time=True, sharing=solo.host)
     rows = []
     for name, trace in traces.items():
         schedule = schedules[name]
@@ -178,7 +186,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
                "in_calibration": name in CALIBRATION_RUNS + (OTHER_SPLIT_RUN,), "short_ops": short,
                "makespan_spread": relative_iqr(steps_made), "halves": step_halves(steps_made)}
         for label, costs in (("solo", solo), ("run", from_runs), ("run_raw", raw), ("run_v1", one_split),
-                             ("auto", auto), ("run_no_switch", no_switch)):
+                             ("auto", auto), ("run_no_switch", no_switch), ("run_no_second", no_second)):
             if costs is None:
                 row[label] = row[f"{label}_error"] = float("nan")
                 continue
@@ -193,7 +201,8 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
 
 ESTIMATORS = (("solo", "op times from solo profiles"), ("run", "from 1F1B, ZB-H1 and ZB-V runs"),
               ("run_raw", "... without the step residual"), ("run_v1", "... 1F1B, ZB-H1 only, no sharing"),
-              ("auto", "the default (runs on CPUs)"), ("run_no_switch", "... without the stage switch"))
+              ("auto", "the default (runs on CPUs)"), ("run_no_switch", "... without the stage switch"),
+              ("run_no_second", "... without the op after the switch"))
 
 
 def ranking_hits(rows: list[dict], label: str) -> list[bool]:

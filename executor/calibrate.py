@@ -8,7 +8,8 @@ settings a run gets):
    (`executor.profile`): T_F, T_B, T_W, T_BW, what the first backward of a step saves,
    the bytes F saves and B keeps, parameter bytes, the runtime's bookkeeping per op;
    then, on CPUs where each rank has its own cores, every rank at once measures how much
-   longer its ops run right after a copy of its stage's (`stage_switch`);
+   longer its ops run right after a copy of its stage's, and the ops after those
+   (`stage_switch`);
 2. where ranks share a host, as many as its cores hold profile again side by side in
    lockstep: how much slower compute gets when all cores are busy (`interference`);
    where ranks outnumber the cores (and are pinned round-robin), each rank runs
@@ -86,7 +87,7 @@ class _RankReport:
     links: dict[tuple[int, int], list[float]]       # pair -> one-way seconds per size (lower rank only)
     isend_posting: dict[tuple[int, int], float]     # pair -> seconds of the ping-pong's isend call
     posting: dict[tuple[int, int], PostingCosts]    # pair -> this rank's side of handling its transfers
-    switches: list[tuple[float, float]] = field(default_factory=list)  # per own stage (switch_slowdown)
+    switches: list[tuple[float, ...]] = field(default_factory=list)  # per own stage (switch_slowdown)
 
 
 def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
@@ -269,7 +270,7 @@ def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankRep
                            "links": link_rows, "interference_samples": slowdowns, "switching_samples": switching,
                            "free_running": [r.loops for r in reports], "model_stages": schedule.num_model_stages}}
     switches = [f for r in reports for f in r.switches]
-    switch = StageSwitch(median(f for f, _ in switches), median(b for _, b in switches))
+    switch = StageSwitch(*(median(s[i] for s in switches) for i in range(4)))
     meta["calibrated"]["switch_samples"] = switches
     return CostModel(stages=(stages[0],), model_stages=tuple(stages), network=_network(link_rows, hosts),
                      host=host, host_overhead=overhead, stage_switch=switch, meta=meta).check()

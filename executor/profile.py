@@ -125,34 +125,39 @@ def stage_for_profiling(model: PipelineModel, specs: list[TensorSpec], k: int, d
 
 
 def switch_slowdown(sm: StageModule, x: torch.Tensor, target: torch.Tensor | None, grad: torch.Tensor | None,
-                    repeats: int, warmup: int) -> tuple[float, float]:
-    """(forward, backward): how much longer `sm`'s F takes right after the backward of a
-    copy of the stage (the same shapes in other memory) than right after its own backward,
-    and its fused backward right after the copy's F than right after another F of its
-    own: a rank holding two stages alternates them so (DualPipe's F&B pairs: each F
-    after the other stage's backward, each backward after the other stage's F). As
-    fractions, at least 0. CPU only: the two conditions alternate within each
-    repetition, medians."""
+                    repeats: int, warmup: int) -> tuple[float, float, float, float]:
+    """(forward, backward, forward_second, backward_second): how much longer `sm`'s F takes
+    right after the backward of a copy of the stage (the same shapes in other memory) than
+    right after its own backward, and its fused backward right after the copy's F than
+    right after another F of its own: a rank holding two stages alternates them so
+    (DualPipe's F&B pairs: each F after the other stage's backward, each backward after
+    the other stage's F); then the same for the F and the backward that follow those of
+    `sm` once more (the copy's data still in the caches). As fractions, at least 0. CPU
+    only: the two conditions alternate within each repetition, medians."""
     module = copy.deepcopy(sm.module)
     stages = sm.model_stage + (1 if sm.is_last else 2)  # so the copy is first or last as `sm` is
     other = StageModule(module, sm.model_stage, stages, sm.loss_fn, sm.loss_scale,
                         MemoryLedger(now, list(module.parameters())))
-    taken: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+    taken: dict[bool, list[tuple[float, ...]]] = {False: [], True: []}
+
+    def timed(op, *args):
+        start = now()
+        out = op(*args)
+        return now() - start, out
+
     for i in range(warmup + repeats):
         for after_other in (False, True):
             before = other if after_other else sm
             state, _ = before.forward(0, x.detach().clone(), target)
             before.backward_full(state, grad)
-            start = now()
-            state, _ = sm.forward(0, x.detach().clone(), target)
-            forward = now() - start
+            forward, (state, _) = timed(sm.forward, 0, x.detach().clone(), target)
+            forward_second, (again, _) = timed(sm.forward, 2, x.detach().clone(), target)
             between, _ = before.forward(1, x.detach().clone(), target)  # another microbatch's F
-            start = now()
-            sm.backward_full(state, grad)
-            backward = now() - start
+            backward, _ = timed(sm.backward_full, state, grad)
+            backward_second, _ = timed(sm.backward_full, again, grad)
             before.backward_full(between, grad)  # untimed: releases what it saved
             if i >= warmup:
-                taken[after_other].append((forward, backward))
+                taken[after_other].append((forward, backward, forward_second, backward_second))
     for p in sm.params + other.params:
         p.grad = None
 
@@ -160,7 +165,7 @@ def switch_slowdown(sm: StageModule, x: torch.Tensor, target: torch.Tensor | Non
         own = statistics.median(t[j] for t in taken[False])
         return max(0.0, statistics.median(t[j] for t in taken[True]) / own - 1.0) if own > 0 else 0.0
 
-    return fraction(0), fraction(1)
+    return fraction(0), fraction(1), fraction(2), fraction(3)
 
 
 def slowdown(alone: StageProfile, together: StageProfile) -> float:

@@ -37,7 +37,9 @@ def print_costs(costs: CostModel) -> None:
     switch = costs.stage_switch
     if switch.any:
         print(f"an op right after another stage's op on its rank runs longer (at the calibrated split: "
-              f"DualPipe's replicas): F {100 * switch.forward:.1f} %, backward {100 * switch.backward:.1f} %")
+              f"DualPipe's replicas): F {100 * switch.forward:.1f} %, backward {100 * switch.backward:.1f} %; "
+              f"the op after it, of the same stage: F {100 * switch.forward_second:.1f} %, "
+              f"backward {100 * switch.backward_second:.1f} %")
     net = costs.network
     for name, link in (("link", net.intra), ("inter-node link", net.inter)):
         if link is not None:

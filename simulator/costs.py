@@ -225,18 +225,22 @@ class FixedOpTimes:
 class StageSwitch:
     """How much longer an op runs right after an op of another stage on its rank, as a
     fraction of its own time (0.2: 20 % longer): `forward` for F (and R), `backward` for
-    B, W and BW. Measured by calibration on CPUs (`executor.profile.switch_slowdown`);
-    applied by `simulator.timing.resolve` to the tasks `simulator.switches` marks."""
+    B, W and BW; `forward_second` and `backward_second` for the op after that one when it
+    is of the same stage again (the other stage's data still shares the caches). Measured
+    by calibration on CPUs (`executor.profile.switch_slowdown`); applied by
+    `simulator.timing.resolve` to the tasks `simulator.switches` marks."""
 
     forward: float = 0.0
     backward: float = 0.0
+    forward_second: float = 0.0
+    backward_second: float = 0.0
 
     def check(self) -> "StageSwitch":
         return _checked_nonnegative(self, "stage_switch", "fraction")
 
     @property
     def any(self) -> bool:
-        return bool(self.forward or self.backward)
+        return bool(self.forward or self.backward or self.forward_second or self.backward_second)
 
 
 def _checked_nonnegative(obj, name: str, what: str):
@@ -789,6 +793,8 @@ def to_dict(model: CostModel) -> dict:
     for name in ("fixed_op_times", "stage_switch"):
         if getattr(model, name).any:
             doc[name] = asdict(getattr(model, name))
+    if "stage_switch" in doc and not (model.stage_switch.forward_second or model.stage_switch.backward_second):
+        del doc["stage_switch"]["forward_second"], doc["stage_switch"]["backward_second"]  # files as they were
     if model.host_overhead.any:
         o = model.host_overhead
         doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv,

@@ -187,8 +187,12 @@ def _switch_factors(switch: StageSwitch, schedule: Schedule) -> dict[tuple[str, 
     `schedule` for running right after another stage's ops (`StageSwitch`; 1 where none do)."""
     if not switch.any:
         return {}
-    return {(op, k): 1.0 + (switch.forward if op in (F, R) else switch.backward) * share
-            for (op, k), share in switched_share(validate(schedule)).items()}
+    def factor(op: str, first: float, second: float) -> float:
+        if op in (F, R):
+            return 1.0 + switch.forward * first + switch.forward_second * second
+        return 1.0 + switch.backward * first + switch.backward_second * second
+
+    return {(op, k): factor(op, *shares) for (op, k), shares in switched_share(validate(schedule)).items()}
 
 
 def _fixed_op_time(here: dict[tuple[str, int], float], stages: int,

@@ -10,7 +10,12 @@ the cost model keeps it as `StageSwitch`, each op kind's fraction of its time, a
 `simulator.timing.resolve` adds it to the ops this module marks.
 
 Here "after another stage" means: the previous task in the rank's program (the pair's
-other task, for the second task of an overlapped pair) has another virtual stage.
+other task, for the second task of an overlapped pair) has another virtual stage. The
+task after such a one, when it is of the same stage again, runs longer too, by less
+(`StageSwitch.forward_second`, `backward_second`): in one process the second op after a
+copy's ran 4-8 % longer than back to back for stages of 6-13 MB
+(`benchmarks/stage_alternation.py`), and in runs DualPipe's ops that do not switch ran
+3-4 % longer than predicted relative to 1F1B's (docs/accuracy.md).
 
 Where a calibration's `model_stages` are cut for a finer split (v = 2 schedules from a
 v = 1 calibration), the switch is not added: those op times come with each op kind's
@@ -22,32 +27,47 @@ from __future__ import annotations
 import numpy as np
 
 from pipesched.schedules.graph import TaskGraph
-from pipesched.schedules.ir import OPS
+from pipesched.schedules.ir import OPS, F, R
 
-from .costs import CostModel
+from .costs import CostModel, StageSwitch
 
 
-def switched_tasks(graph: TaskGraph) -> np.ndarray:
+def switched_tasks(graph: TaskGraph, second: bool = False) -> np.ndarray:
     """Per task id: True where the rank's previous task in program order is of another
-    virtual stage (the first task of each rank: False)."""
+    virtual stage (the first task of each rank: False); with `second`, True where the
+    previous task is of the same stage and the one before it of another."""
     stage = graph.columns()["stage"]
     out = np.zeros(len(stage), dtype=bool)
     for units in graph.rank_units:
-        order = [t for u in units for t in graph.units[u]]
-        if len(order) > 1:
-            ids = np.asarray(order, dtype=np.int64)
-            out[ids[1:]] = stage[ids[1:]] != stage[ids[:-1]]
+        ids = np.asarray([t for u in units for t in graph.units[u]], dtype=np.int64)
+        changed = stage[ids[1:]] != stage[ids[:-1]]  # per task from the second: switched
+        if not second:
+            out[ids[1:]] = changed
+        elif len(ids) > 2:
+            out[ids[2:]] = changed[:-1] & ~changed[1:]
     return out
 
 
-def switched_share(graph: TaskGraph) -> dict[tuple[str, int], float]:
-    """(op, model stage) -> the share of those tasks that `switched_tasks` marks: how many
-    of them a run of the schedule executes right after another stage's op."""
+def switched_share(graph: TaskGraph) -> dict[tuple[str, int], tuple[float, float]]:
+    """(op, model stage) -> the shares of those tasks that `switched_tasks` marks, right
+    after a switch and second after one: how many of them a run of the schedule executes
+    so."""
     col = graph.columns()
     model = np.asarray([s.model_stage for s in graph.schedule.stages], dtype=np.int64)[col["stage"]]
-    switched = switched_tasks(graph)
-    return {(OPS[o], int(k)): float(switched[(col["op"] == o) & (model == k)].mean())
-            for o, k in {(int(a), int(b)) for a, b in zip(col["op"], model)}}
+    first, second = switched_tasks(graph), switched_tasks(graph, second=True)
+    shares = {}
+    for o, k in {(int(a), int(b)) for a, b in zip(col["op"], model)}:
+        these = (col["op"] == o) & (model == k)
+        shares[(OPS[o], int(k))] = (float(first[these].mean()), float(second[these].mean()))
+    return shares
+
+
+def switch_fractions(graph: TaskGraph, switch: StageSwitch) -> np.ndarray:
+    """Per task id: how much longer it runs for the stage switches before it (a fraction
+    of its own time: `StageSwitch`'s, on the tasks `switched_tasks` marks)."""
+    forward = np.isin(graph.columns()["op"], [OPS.index(F), OPS.index(R)])
+    return (np.where(forward, switch.forward, switch.backward) * switched_tasks(graph)
+            + np.where(forward, switch.forward_second, switch.backward_second) * switched_tasks(graph, second=True))
 
 
 def switch_applies(costs: CostModel, num_model_stages: int) -> bool:

@@ -12,12 +12,12 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from pipesched.schedules.graph import GRADIENT, LOCAL, TaskGraph
-from pipesched.schedules.ir import BW, F, OPS, R, W
+from pipesched.schedules.ir import BW, F, OPS, W
 
 from .costs import CostModel, HostOverhead, StageCost, StageSwitch
 from .memory import buffer_intervals, memory_samples
 from .posting import receive_posts
-from .switches import switch_applies, switched_tasks
+from .switches import switch_applies, switch_fractions
 from .trace import COMPUTE, RECV, SEND, Trace
 
 
@@ -116,11 +116,9 @@ def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,
 
 
 def _after_switches(graph: TaskGraph, switch: StageSwitch, task_time: np.ndarray) -> np.ndarray:
-    """`task_time` with the tasks that follow another stage's task on their rank
-    (`simulator.switches`) longer by `switch`'s fraction for their op kind."""
-    forward = np.isin(graph.columns()["op"], [OPS.index(F), OPS.index(R)])
-    fraction = np.where(forward, switch.forward, switch.backward)
-    return task_time * (1.0 + fraction * switched_tasks(graph))
+    """`task_time` with the tasks that follow another stage's task on their rank, and the
+    next task of theirs (`simulator.switches`), longer by `switch`'s fraction for their op kind."""
+    return task_time * (1.0 + switch_fractions(graph, switch))
 
 
 def _transfers(graph: TaskGraph, costs: CostModel, stage_costs: list[StageCost]

@@ -51,6 +51,9 @@ def without_timing(text: str) -> list[str]:
     # after the stage switch was measured as DualPipe switches (2052, 2053: p = 2), 2026-11-26, fourth session
     *[("accuracy_random.py", f"accuracy_random_seed{s}_runs.json.gz", f"accuracy_random_seed{s}.txt")
       for s in (2047, 2048, 2052, 2053)],
+    # drawn fresh after calibration measured the op after the switched one (2026-11-26, fifth session), p = 2
+    *[("accuracy_random.py", f"accuracy_random_seed{s}_runs.json.gz", f"accuracy_random_seed{s}.txt")
+      for s in (2056, 2057, 2058)],
     # the 16-core GPU machine (threads per rank: 16 / p; "1thread": taskset to p cores), 2026-11-26
     *[("accuracy_random.py", f"accuracy_random_seed2040_16core_{k}_runs.json.gz", f"accuracy_random_seed2040_16core_{k}.txt")
       for k in ("p2", "p4", "p8", "1thread_p2", "1thread_p8")],

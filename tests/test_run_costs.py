@@ -293,7 +293,8 @@ def test_the_residual_counts_only_runs_with_the_costs_replicas_and_split():
     assert step_residual(plain, [(schedule, replace(slow, meta=trace.meta))]) == pytest.approx(2.0)
 
 
-SWITCHING = replace(TRUTH, stage_switch=StageSwitch(forward=0.4, backward=0.2))
+SWITCHING = replace(TRUTH, stage_switch=StageSwitch(forward=0.4, backward=0.2, forward_second=0.1,
+                                                    backward_second=0.05))
 
 
 def test_with_the_calibrations_stage_switch_every_schedule_is_predicted_exactly():

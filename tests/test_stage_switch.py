@@ -29,8 +29,20 @@ def test_the_share_of_switched_ops_per_op_kind_and_model_stage():
     from pipesched.simulator.switches import switched_share
 
     # the same program as above: F of stage 1 and BW of stage 0 each follow the other stage once in two
+    # and the fourth F and the last BW are the second of their stage after a switch
     assert switched_share(validate(build("looped-bfs", 1, 2))) == {
-        ("F", 0): 0.0, ("F", 1): 0.5, ("BW", 1): 0.0, ("BW", 0): 0.5}
+        ("F", 0): (0.0, 0.0), ("F", 1): (0.5, 0.5), ("BW", 1): (0.0, 0.0), ("BW", 0): (0.5, 0.5)}
+
+
+def test_the_op_after_a_switched_one_runs_longer_by_its_own_fraction():
+    # the program above: the fourth F (0.5 s) and the last BW (1 s) come second after a switch
+    second = StageSwitch(forward=0.5, backward=0.25, forward_second=0.2, backward_second=0.1)
+    assert makespan("looped-bfs", 1, 2, CostModel(stages=PLAIN.stages, stage_switch=second)) == pytest.approx(
+        6.5 + 0.2 * 0.5 + 0.1 * 1.0)
+    only_second = StageSwitch(forward_second=0.2)
+    assert only_second.any
+    assert makespan("looped-bfs", 1, 2, CostModel(stages=PLAIN.stages, stage_switch=only_second)) == pytest.approx(
+        6.0 + 0.2 * 0.5)
 
 
 def test_one_stage_per_rank_never_switches():
@@ -52,9 +64,15 @@ def test_the_cost_file_keeps_the_switch_and_refuses_bad_values():
     assert doc["stage_switch"] == {"forward": 0.5, "backward": 0.25}
     assert from_dict(doc).stage_switch == SWITCH
     assert "stage_switch" not in to_dict(PLAIN)  # files without a switch stay as they were
+    second = StageSwitch(forward=0.5, backward=0.25, forward_second=0.125, backward_second=0.0625)
+    doc2 = to_dict(CostModel(stages=PLAIN.stages, stage_switch=second))
+    assert doc2["stage_switch"] == {"forward": 0.5, "backward": 0.25, "forward_second": 0.125,
+                                    "backward_second": 0.0625}
+    assert from_dict(doc2).stage_switch == second
     for bad, says in (({"forward": -0.1}, "stage_switch.forward must be a finite fraction >= 0"),
                       ({"forward": "20%"}, "stage_switch.forward must be a finite fraction"),
-                      ({"sideways": 0.1}, "stage_switch must be an object with backward, forward"),
+                      ({"sideways": 0.1}, "stage_switch must be an object with backward, backward_second, "
+                                          "forward, forward_second"),
                       ([0.1], "stage_switch must be an object")):
         with pytest.raises(CostError, match=says):
             from_dict({**doc, "stage_switch": bad})
@@ -70,5 +88,7 @@ def test_a_calibration_cut_for_v2_keeps_its_fixed_times_and_adds_no_switch():
 def test_the_cost_table_says_how_much_longer_a_switched_op_runs(capsys):
     from pipesched.tables import print_costs
 
-    print_costs(CostModel(stages=PLAIN.stages, stage_switch=StageSwitch(forward=0.054, backward=0.018)))
-    assert "runs longer (at the calibrated split: DualPipe's replicas): F 5.4 %, backward 1.8 %" in capsys.readouterr().out
+    print_costs(CostModel(stages=PLAIN.stages, stage_switch=StageSwitch(forward=0.054, backward=0.018,
+                                                                        forward_second=0.031)))
+    assert ("runs longer (at the calibrated split: DualPipe's replicas): F 5.4 %, backward 1.8 %; "
+            "the op after it, of the same stage: F 3.1 %, backward 0.0 %") in capsys.readouterr().out
