@@ -12,10 +12,9 @@ the cost model keeps it as `StageSwitch`, each op kind's fraction of its time, a
 Here "after another stage" means: the previous task in the rank's program (the pair's
 other task, for the second task of an overlapped pair) has another virtual stage. The
 task after such a one, when it is of the same stage again, runs longer too, by less
-(`StageSwitch.forward_second`, `backward_second`): in one process the second op after a
-copy's ran 4-8 % longer than back to back for stages of 6-13 MB
-(`benchmarks/stage_alternation.py`), and in runs DualPipe's ops that do not switch ran
-3-4 % longer than predicted relative to 1F1B's (docs/accuracy.md).
+(`StageSwitch.forward_second`, `backward_second`): the other stage's data still shares
+the caches, for stages larger than a core's own (`benchmarks/stage_alternation.py`;
+DualPipe's ops that do not switch are mostly these, docs/accuracy.md).
 
 Where a calibration's `model_stages` are cut for a finer split (v = 2 schedules from a
 v = 1 calibration), the switch is not added: those op times come with each op kind's
