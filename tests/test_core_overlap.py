@@ -1,0 +1,34 @@
+"""benchmarks/core_overlap.py: the share of compute time two ranks of one core overlap."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipesched.simulator.trace import COMPUTE, Span, Trace
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load():
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("core_overlap", BENCH / "core_overlap.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trace(spans):
+    return Trace.from_spans("x", 2, 2, "measured", [Span(r, COMPUTE, "F", i, r, s, e) for i, (r, s, e) in enumerate(spans)])
+
+
+def test_overlap_counts_the_time_both_ranks_compute():
+    co = load()
+    assert co.overlap([(0.0, 2.0), (4.0, 5.0)], [(1.0, 4.5)]) == pytest.approx(1.5)
+    assert co.overlap([(0.0, 1.0)], [(1.0, 2.0)]) == 0.0
+    # one core: rank 0 computes 0-2 s, rank 1 1-3 s; each is joined for 1 s of its 2
+    assert co.both_busy_share(trace([(0, 0.0, 2.0), (1, 1.0, 3.0)]), cores=1) == pytest.approx(0.5)
+    # two cores: nobody shares
+    assert co.both_busy_share(trace([(0, 0.0, 2.0), (1, 1.0, 3.0)]), cores=2) == 0.0
