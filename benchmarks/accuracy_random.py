@@ -148,6 +148,22 @@ def predict(schedule, costs: CostModel) -> Trace:
     return predict_run(schedule, replace(costs, recv_lookahead=LOOKAHEAD))
 
 
+def calibration_runs(schedules: dict, traces: dict[str, Trace], steps: dict[str, list[Trace]] | None
+                     ) -> tuple[list, list]:
+    """The runs `validate` reads costs from, as (schedule, trace) per measured step: those
+    of 1F1B and ZB-H1, and those at the other split (ZB-V)."""
+    def of(names):
+        return [(schedules[n], t) for n in names if n in traces for t in (steps or {}).get(n, [traces[n]])]
+
+    return of(CALIBRATION_RUNS), of((OTHER_SPLIT_RUN,))
+
+
+def default_costs(solo: CostModel, runs: list, other: list) -> CostModel:
+    """The costs `validate` predicts with on CPUs (`--op-times runs`): both splits, host
+    time fitted to the runs, dedicated work where ranks share cores, the step residual."""
+    return costs_from_runs(solo, runs + other, host_time=True, sharing=solo.host)
+
+
 def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, Trace],
              steps: dict[str, list[Trace]] | None = None) -> list[dict]:
     """Every schedule's errors under each estimator, and its replay error. `steps`: every
@@ -158,25 +174,22 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
     m = draw.m_per_p[p]
     short = too_short(solo)
     schedules = {name: build(name, p, m) for name in traces}
-    runs = [(schedules[n], t) for n in CALIBRATION_RUNS if n in traces for t in (steps or {}).get(n, [traces[n]])]
-    other = [(schedules[n], t) for n in (OTHER_SPLIT_RUN,) if n in traces for t in (steps or {}).get(n, [traces[n]])]
+    runs, other = calibration_runs(schedules, traces, steps)
     complete = all(n in traces for n in CALIBRATION_RUNS)
-    # as validate calibrates: both splits, dedicated work where ranks share cores
-    from_runs = costs_from_runs(solo, runs + other, host_time=True, sharing=solo.host) if complete else None
+    from_runs = default_costs(solo, runs, other) if complete else None
     raw = costs_from_runs(solo, runs + other, host_time=True, sharing=solo.host, residual=False) if complete else None
     one_split = costs_from_runs(solo, runs, host_time=True, residual=False) if complete else None  # before 2026-11-25
     auto = solo if solo.host is not None and solo.host.gpu else from_runs  # what --op-times auto picks
     no_switch = None  # as validated before calibration measured stage switches (saved runs from before lack them)
     if complete and solo.stage_switch.any:
-        no_switch = costs_from_runs(replace(solo, stage_switch=StageSwitch()), runs + other, host_time=True,
-                                    sharing=solo.host)
+        no_switch = default_costs(replace(solo, stage_switch=StageSwitch()), runs, other)
     no_second = None  # the op after the switched one not lengthened (saved runs from before lack it)
     switch = solo.stage_switch
     samples = solo.meta.get("calibrated", {}).get("switch_samples") or []
     if complete and any(len(s) == 4 for s in samples):
         first_only = replace(switch, forward_second=0.0, backward_second=0.0)
-        no_second = from_runs if first_only == switch else costs_from_runs(
-            replace(solo, stage_switch=first_only), runs + other, host_time=True, sharing=solo.host)
+        no_second = from_runs if first_only == switch else default_costs(replace(solo, stage_switch=first_only),
+                                                                         runs, other)
     rows = []
     for name, trace in traces.items():
         schedule = schedules[name]

@@ -30,7 +30,6 @@ import accuracy_random as ar  # noqa: E402
 from pipesched.schedules.registry import build  # noqa: E402
 from pipesched.simulator.costs import from_dict as costs_from_dict  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
-from pipesched.simulator.run_costs import costs_from_runs  # noqa: E402
 from pipesched.simulator.trace import COMPUTE, Trace  # noqa: E402
 
 
@@ -79,9 +78,7 @@ def main() -> int:
             traces = {n: Trace.from_dict(t) for n, t in case["traces"].items()}
             steps = {n: [Trace.from_dict(t) for t in ts] for n, ts in case.get("calibration_steps", {}).items()}
             schedules = {n: build(n, p, m) for n in traces}
-            used = [(schedules[n], t) for n in ar.CALIBRATION_RUNS + (ar.OTHER_SPLIT_RUN,) if n in traces
-                    for t in steps.get(n, [traces[n]])]
-            costs = costs_from_runs(solo, used, host_time=True, sharing=solo.host)
+            costs = ar.default_costs(solo, *ar.calibration_runs(schedules, traces, steps))
             for name, measured in traces.items():
                 predicted = ar.predict(schedules[name], costs)
                 error = compute_metrics(predicted).makespan / compute_metrics(measured).makespan - 1

@@ -17,7 +17,10 @@ SEED=${SEED:-2055}
 log="$OUT/log.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-for sub in schedules simulator executor; do ln -sfn "../$sub" "pipesched/$sub"; done
+# only where pipesched.* is not importable already (an installed checkout needs no links)
+if ! python3 -c "import pipesched.simulator" 2>/dev/null; then
+  for sub in schedules simulator executor; do ln -sfn "../$sub" "pipesched/$sub"; done
+fi
 
 machine() {
   echo "== $1 $(date -u +%T)"

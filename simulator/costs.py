@@ -790,11 +790,11 @@ def to_dict(model: CostModel) -> dict:
                        "pinned": model.host.pinned, "switching": model.host.switching, "gpu": model.host.gpu}
         if model.host.host_time_first:
             doc["host"]["host_time_first"] = True
-    for name in ("fixed_op_times", "stage_switch"):
-        if getattr(model, name).any:
-            doc[name] = asdict(getattr(model, name))
-    if "stage_switch" in doc and not (model.stage_switch.forward_second or model.stage_switch.backward_second):
-        del doc["stage_switch"]["forward_second"], doc["stage_switch"]["backward_second"]  # files as they were
+    if model.fixed_op_times.any:
+        doc["fixed_op_times"] = asdict(model.fixed_op_times)
+    if model.stage_switch.any:  # the second op's fractions only where set, so older files stay as they were
+        doc["stage_switch"] = {k: v for k, v in asdict(model.stage_switch).items()
+                               if v or k in ("forward", "backward")}
     if model.host_overhead.any:
         o = model.host_overhead
         doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv,

@@ -51,7 +51,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipesched.schedules.ir import B, BW, F, OPS, R, W, Schedule
+from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
 from pipesched.schedules.validate import validate
 
 from .api import simulate
@@ -59,7 +59,7 @@ from .costs import CostError, CostModel, FixedOpTimes, HostSharing, StageCost, S
 from .dedicated import dedicated_durations, shares_cores, world_ranks
 from .metrics import compute_metrics
 from .replay import fit_host_gaps, host_time_gaps
-from .switches import switched_share
+from .switches import switch_factors
 from .trace import COMPUTE, Trace
 
 
@@ -185,14 +185,7 @@ def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> f
 def _switch_factors(switch: StageSwitch, schedule: Schedule) -> dict[tuple[str, int], float]:
     """(op, model stage) -> how much longer those ops run on average in a run of
     `schedule` for running right after another stage's ops (`StageSwitch`; 1 where none do)."""
-    if not switch.any:
-        return {}
-    def factor(op: str, first: float, second: float) -> float:
-        if op in (F, R):
-            return 1.0 + switch.forward * first + switch.forward_second * second
-        return 1.0 + switch.backward * first + switch.backward_second * second
-
-    return {(op, k): factor(op, *shares) for (op, k), shares in switched_share(validate(schedule)).items()}
+    return switch_factors(validate(schedule), switch) if switch.any else {}
 
 
 def _fixed_op_time(here: dict[tuple[str, int], float], stages: int,

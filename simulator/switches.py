@@ -47,26 +47,22 @@ def switched_tasks(graph: TaskGraph, second: bool = False) -> np.ndarray:
     return out
 
 
-def switched_share(graph: TaskGraph) -> dict[tuple[str, int], tuple[float, float]]:
-    """(op, model stage) -> the shares of those tasks that `switched_tasks` marks, right
-    after a switch and second after one: how many of them a run of the schedule executes
-    so."""
-    col = graph.columns()
-    model = np.asarray([s.model_stage for s in graph.schedule.stages], dtype=np.int64)[col["stage"]]
-    first, second = switched_tasks(graph), switched_tasks(graph, second=True)
-    shares = {}
-    for o, k in {(int(a), int(b)) for a, b in zip(col["op"], model)}:
-        these = (col["op"] == o) & (model == k)
-        shares[(OPS[o], int(k))] = (float(first[these].mean()), float(second[these].mean()))
-    return shares
-
-
 def switch_fractions(graph: TaskGraph, switch: StageSwitch) -> np.ndarray:
     """Per task id: how much longer it runs for the stage switches before it (a fraction
     of its own time: `StageSwitch`'s, on the tasks `switched_tasks` marks)."""
     forward = np.isin(graph.columns()["op"], [OPS.index(F), OPS.index(R)])
     return (np.where(forward, switch.forward, switch.backward) * switched_tasks(graph)
             + np.where(forward, switch.forward_second, switch.backward_second) * switched_tasks(graph, second=True))
+
+
+def switch_factors(graph: TaskGraph, switch: StageSwitch) -> dict[tuple[str, int], float]:
+    """(op, model stage) -> how much longer those tasks run on average in a run of the
+    schedule for the stage switches before them (1 where none follow a switch)."""
+    col = graph.columns()
+    model = np.asarray([s.model_stage for s in graph.schedule.stages], dtype=np.int64)[col["stage"]]
+    longer = 1.0 + switch_fractions(graph, switch)
+    return {(OPS[o], int(k)): float(longer[(col["op"] == o) & (model == k)].mean())
+            for o, k in {(int(a), int(b)) for a, b in zip(col["op"], model)}}
 
 
 def switch_applies(costs: CostModel, num_model_stages: int) -> bool:

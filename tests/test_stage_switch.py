@@ -24,14 +24,15 @@ def test_a_switch_lengthens_the_op_after_it_by_its_fraction():
     assert makespan("looped-bfs", 1, 2, CostModel(stages=PLAIN.stages, stage_switch=SWITCH)) == pytest.approx(6.5)
 
 
-def test_the_share_of_switched_ops_per_op_kind_and_model_stage():
+def test_how_much_longer_each_op_kind_and_model_stage_runs_on_average():
     from pipesched.schedules.validate import validate
-    from pipesched.simulator.switches import switched_share
+    from pipesched.simulator.switches import switch_factors
 
-    # the same program as above: F of stage 1 and BW of stage 0 each follow the other stage once in two
-    # and the fourth F and the last BW are the second of their stage after a switch
-    assert switched_share(validate(build("looped-bfs", 1, 2))) == {
-        ("F", 0): (0.0, 0.0), ("F", 1): (0.5, 0.5), ("BW", 1): (0.0, 0.0), ("BW", 0): (0.5, 0.5)}
+    # the same program as above: F of stage 1 and BW of stage 0 each follow the other stage
+    # once in two, and the other one of each is the second of its stage after that switch
+    second = StageSwitch(forward=0.5, backward=0.25, forward_second=0.2, backward_second=0.1)
+    assert switch_factors(validate(build("looped-bfs", 1, 2)), second) == pytest.approx({
+        ("F", 0): 1.0, ("F", 1): 1.0 + (0.5 + 0.2) / 2, ("BW", 1): 1.0, ("BW", 0): 1.0 + (0.25 + 0.1) / 2})
 
 
 def test_the_op_after_a_switched_one_runs_longer_by_its_own_fraction():
