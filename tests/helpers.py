@@ -1,6 +1,11 @@
 """Small helpers shared by the tests."""
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
@@ -58,3 +63,15 @@ def run_with_receive_takes(schedule: Schedule, costs: CostModel, host_by_rank=No
     recv.meta["receive_takes"] = takes
     recv.meta["recv_lookahead"] = costs.recv_lookahead
     return graph, recv
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """The script benchmarks/NAME.py imported as a module (its folder on sys.path, as
+    when it runs, for its own imports such as `machine`)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

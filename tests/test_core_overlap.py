@@ -1,23 +1,14 @@
 """benchmarks/core_overlap.py: the share of compute time two ranks of one core overlap."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from helpers import benchmark_module
 from pipesched.simulator.trace import COMPUTE, Span, Trace
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load():
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("core_overlap", BENCH / "core_overlap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("core_overlap")
 
 
 def trace(spans):
