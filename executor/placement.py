@@ -30,6 +30,7 @@ from typing import Iterable, Iterator
 TRANSPORT_THREAD_NAMES = ("gloo_tcp_loop",)
 """Linux thread names of gloo's socket event loops (one per process group)."""
 
+
 @dataclass(frozen=True)
 class _Job:
     cores: tuple[int, ...]  # the cores this job may use, as seen before the rank pinned itself
