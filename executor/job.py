@@ -2,7 +2,8 @@
 
 `run_schedule(ctx, schedule, model, options)` is called by every rank of an initialised
 process group (from `launch_local`, `run_here` or a test's own job); rank 0 returns a
-`RunResult` with the measured Trace of the step of median makespan, the others None.
+`RunResult` with the measured Trace of the step of median makespan (with data-parallel
+replicas the step nearest the mean: `representative_step`), the others None.
 
 With `options.dp` replicas (executor.data_parallel) the process group has p x d ranks;
 the Trace is replica 0's (ranks 0..p-1) with its all-reduce and optimizer spans, the
@@ -22,6 +23,7 @@ from pipesched.schedules.graph import TaskGraph
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import validate
 from pipesched.simulator.metrics import Metrics, compute_metrics
+from pipesched.simulator.run_costs import typical_step
 from pipesched.simulator.trace import ALLREDUCE, COMPUTE, OPTIMIZER, RECV, SEND, Span, Trace
 
 from . import reference, replicas
@@ -66,7 +68,7 @@ class RunOptions:
 
 @dataclass
 class RunResult:
-    trace: Trace                 # the measured step of median makespan (meta["step"] says which)
+    trace: Trace                 # the measured step a run reports (`representative_step`; meta["step"] says which)
     metrics: Metrics
     step_times: list[float]      # seconds per measured step (first start to last end over ranks)
     backend: str
@@ -255,6 +257,17 @@ def run_in_turn(ctx: RankContext, runs: list[tuple[Schedule, PipelineModel | Exa
     return [run.finish() for run in opened]
 
 
+def representative_step(makespans: list[float], replicas: int = 1) -> int:
+    """The index of the measured step a run reports (its Trace): the step of median
+    makespan (the lower median: a real step), or with data-parallel replicas the step
+    nearest the mean makespan, the step time a prediction is held against there
+    (`simulator.run_costs.typical_step`)."""
+    if replicas > 1:
+        mean = typical_step(makespans, replicas)
+        return min(range(len(makespans)), key=lambda i: abs(makespans[i] - mean))
+    return sorted(range(len(makespans)), key=makespans.__getitem__)[(len(makespans) - 1) // 2]
+
+
 def _steps_for_min_time(ctx: RankContext, name: str, last: RankStep, options: RunOptions) -> int:
     """Collective: the measured steps that fill `options.min_time` at the pace of rank 0's
     first measured step, within steps..max_steps; every rank gets rank 0's count, so all
@@ -300,7 +313,7 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
                                          for q, r in enumerate(everyone) if q >= sched.ranks
                                          for _, start, end in r.steps[i].compute]
     makespans = [compute_metrics(t).makespan for t in traces]
-    median = sorted(range(steps), key=makespans.__getitem__)[(steps - 1) // 2]  # the lower median: a real step
+    median = representative_step(makespans, options.dp)
     trace = traces[median]
     shared = {
         "makespans": makespans,

@@ -6,7 +6,8 @@ model stages alone, then the links are ping-ponged), then run the schedule's ste
 (`executor.run_calibration`), the schedule's steps alternate with theirs, so that a
 host whose speed drifts slows both alike. The parent simulates the schedule under the
 calibrated costs and compares the simulation with the measured step of median makespan
-(`simulator.compare`).
+(`simulator.compare`); a data-parallel step's makespan with the mean over the measured
+steps (`simulator.run_costs.typical_step`: its all-reduces take one of two times).
 
 Memory is compared like for like: the executor counts activations and communication
 buffers, not parameters, so the prediction compared with it leaves parameters out too;
@@ -32,7 +33,7 @@ from pipesched.simulator.compare import Comparison, compare
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.memory import resident_bytes
 from pipesched.simulator.replay import replay
-from pipesched.simulator.run_costs import halves_apart, relative_iqr
+from pipesched.simulator.run_costs import halves_apart, relative_iqr, typical_step
 from pipesched.simulator.trace import Trace
 
 from .calibrate import CalibrationOptions, oversubscribed
@@ -90,7 +91,7 @@ def warnings_for(costs: CostModel, makespans: list[float]) -> list[str]:
 class Validation:
     costs: CostModel        # the calibrated cost model (parameters included)
     predicted: Trace        # the simulation; its memory leaves parameters out, like the executor's
-    measured: Trace         # the measured step of median makespan
+    measured: Trace         # the measured step the run reports (`executor.job.representative_step`)
     comparison: Comparison
     run: RunResult
     param_bytes: list[tuple[float, float]]  # per rank: (predicted, measured)
@@ -121,6 +122,11 @@ class Validation:
         host = self.costs.host
         rc = self.replay_comparison
         steps = self.measured.meta.get("makespans") or []
+        replicas = self.costs.data_parallel.degree
+        measured = side(c.measured, self.measured)
+        measured["step_makespan"] = c.measured.makespan  # the reported step's own (the replay's reference)
+        if replicas > 1 and steps:
+            measured["makespan"] = typical_step(steps, replicas)
         return {
             "schedule": self.measured.schedule, "ranks": self.measured.ranks,
             "microbatches": self.measured.microbatches, "backend": self.run.backend,
@@ -129,7 +135,7 @@ class Validation:
             "host": None if host is None else {"capacity": host.capacity, "compute_demand": host.compute_demand,
                                                "wait_demand": host.wait_demand, "interference": host.interference,
                                                "pinned": host.pinned, "switching": host.switching, "gpu": host.gpu},
-            "predicted": side(c.predicted, self.predicted), "measured": side(c.measured, self.measured),
+            "predicted": side(c.predicted, self.predicted), "measured": measured,
             "makespan_rel_error": c.makespan_rel_error, "bubble_abs_error": c.bubble_abs_error,
             "start_time_error_p50": c.start_time_error_p50, "start_time_error_p90": c.start_time_error_p90,
             "peak_memory_rel_error": c.peak_memory_rel_error,
@@ -153,7 +159,7 @@ class Validation:
                         "measured_median": o.measured_median, "rel_error": o.rel_error} for o in c.per_op],
             "step_times": self.run.step_times, "measured_makespans": steps,
             "measured_steps_spread": relative_iqr(steps) if len(steps) > 1 else None,
-            "measured_halves_apart": halves_apart(steps),
+            "measured_halves_apart": halves_apart(steps, replicas),
             "max_grad_rel_error": None if self.run.check is None else self.run.check.max_grad_rel_error,
             "loss_matches_reference": None if self.run.check is None else self.run.check.loss_matches,
             "warnings": self.warnings(),
@@ -274,6 +280,10 @@ def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: R
     graph = validate(schedule)
     predicted = predict(schedule, costs)
     comparison = compare(predicted, result.trace)
+    steps = result.trace.meta.get("makespans") or []
+    if costs.data_parallel.degree > 1 and steps:  # held against the mean step (run_costs.typical_step)
+        typical = typical_step(steps, costs.data_parallel.degree)
+        comparison = replace(comparison, makespan_rel_error=(comparison.predicted.makespan - typical) / typical)
     params = resident_bytes(graph, costs.model_stage_costs(schedule.ranks, schedule.num_model_stages))
     measured = result.trace.meta.get("param_bytes", [float("nan")] * schedule.ranks)
     replayed = replay(graph, result.trace, without_parameters(costs))

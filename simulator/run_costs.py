@@ -36,7 +36,7 @@ Runs at the other split keep it: their fixed times hold it (`simulator.switches`
 
 Last, the step residual: the runs' own steps are predicted with the costs so read, and
 every op and host time is scaled by how much longer the runs measured (per run, its
-median step's makespan over the prediction; the geometric mean over the runs at the
+typical step's makespan over the prediction; the geometric mean over the runs at the
 calibration's split). A step over noisy ops is longer than one over their medians (a
 rank waits for the later of two inputs), and the part of a step the model misses shows
 up the same way; without it predictions on a noisy host came out short
@@ -83,18 +83,32 @@ def relative_iqr(values) -> float:
     return float(q3 - q1) / float(median)
 
 
-def step_halves(values) -> tuple[float, float] | None:
-    """(median of the even-numbered values, of the odd-numbered ones): two halves of one
-    series of measurements (steps taken in turn with other work); None under two values."""
+def typical_step(makespans: Sequence[float], replicas: int = 1) -> float:
+    """The measured step time (seconds) a prediction is held against, of a run's steps'
+    `makespans`: their median, or with data-parallel replicas their mean. A data-parallel
+    step ends with gradient all-reduces that on a shared host take one of two quite
+    different times, so its steps fall into two groups and the median jumps from one to
+    the other with a single step; the mean does not. Pipeline steps without that have
+    rare outliers, which the median rejects (docs/data_parallel.md has the measurements)."""
+    values = np.asarray(makespans, dtype=float)
+    if not len(values):
+        raise ValueError("no measured step")
+    return float(values.mean()) if replicas > 1 else float(np.median(values))
+
+
+def step_halves(values, replicas: int = 1) -> tuple[float, float] | None:
+    """(`typical_step` of the even-numbered values, of the odd-numbered ones): two halves
+    of one series of measurements (steps taken in turn with other work); None under two
+    values."""
     values = np.asarray(values, dtype=float)
     if len(values) < 2:
         return None
-    return float(np.median(values[0::2])), float(np.median(values[1::2]))
+    return typical_step(values[0::2], replicas), typical_step(values[1::2], replicas)
 
 
-def halves_apart(values) -> float | None:
+def halves_apart(values, replicas: int = 1) -> float | None:
     """|even half / odd half - 1| (`step_halves`): how well a measurement repeats itself."""
-    halves = step_halves(values)
+    halves = step_halves(values, replicas)
     return None if halves is None else abs(halves[0] / halves[1] - 1.0)
 
 
@@ -163,10 +177,10 @@ def with_step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]])
 
 def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> float:
     """How much longer the runs' steps took than `costs` predicts them: per schedule, its
-    median step's makespan over the predicted one (receives posted as the run's meta
-    says), then the geometric mean over the schedules; 1 with no run to read. Only runs
-    at the split of `costs.model_stages` and with as many data-parallel replicas as
-    `costs` count."""
+    typical step (`typical_step`: the median, with data-parallel replicas the mean) over
+    the predicted one (receives posted as the run's meta says), then the geometric mean
+    over the schedules; 1 with no run to read. Only runs at the split of
+    `costs.model_stages` and with as many data-parallel replicas as `costs` count."""
     replicas = costs.data_parallel.degree
     steps: dict[str, tuple[Schedule, Trace, list[float]]] = {}
     for schedule, trace in runs:
@@ -178,7 +192,7 @@ def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> f
         here = replace(costs, recv_lookahead=trace.meta.get("recv_lookahead", costs.recv_lookahead))
         predicted = compute_metrics(simulate(validate(schedule), here)).makespan
         if predicted > 0:
-            ratios.append(float(np.median(makespans)) / predicted)
+            ratios.append(typical_step(makespans, replicas) / predicted)
     return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
 
 

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 from pipesched.executor.calibrate import CalibrationOptions  # noqa: E402
 from pipesched.executor.dp_calibrate import measure_here, with_data_parallel  # noqa: E402
 from pipesched.executor.run_calibration import RUN_STEPS  # noqa: E402
-from pipesched.executor.job import RunOptions, run_schedule  # noqa: E402
+from pipesched.executor.job import RunOptions, representative_step, run_schedule  # noqa: E402
+from pipesched.executor.validation import assemble  # noqa: E402
 from pipesched.executor.launch import launch_local  # noqa: E402
 from pipesched.executor.placement import host_cores  # noqa: E402
 from pipesched.executor.models import ExampleModel  # noqa: E402
@@ -125,6 +126,26 @@ def test_the_validated_run_takes_its_steps_in_turn_with_the_calibration_runs(res
     order = [t.meta["started"] for k in range(3)
              for t in (steps[k], steps[3 + k], steps[6 + k], run.step_traces[k])]
     assert order == sorted(order)
+
+
+def test_a_data_parallel_run_reports_the_step_nearest_its_mean_and_validation_holds_the_mean(results):
+    profile, run = results["beside"]
+    steps = run.trace.meta["makespans"]
+    mean = sum(steps) / len(steps)
+    assert compute_metrics(run.trace).makespan == pytest.approx(steps[run.trace.meta["step"]])
+    assert abs(steps[run.trace.meta["step"]] - mean) == min(abs(m - mean) for m in steps)
+    costs = with_data_parallel(CostModel(model_stages=(StageCost(1e-3, 1e-3, 1e-3),) * 2), profile, 2)
+    v = assemble(build("gpipe", 2, 4), costs, run, RunOptions(steps=3, warmup=1, dp=2))
+    s = v.summary()
+    assert s["measured"]["makespan"] == pytest.approx(mean)
+    assert s["makespan_rel_error"] == pytest.approx(s["predicted"]["makespan"] / mean - 1)
+    assert s["measured"]["step_makespan"] == pytest.approx(steps[run.trace.meta["step"]])
+
+
+def test_the_reported_step_is_the_median_one_or_with_replicas_the_one_nearest_the_mean():
+    steps = [0.30, 0.30, 0.30, 0.40, 0.50, 0.50]  # two groups: the lower median 0.30 s, the mean 0.383 s
+    assert representative_step(steps) == 2
+    assert representative_step(steps, 2) == 3
 
 
 def test_with_solo_op_times_the_replicas_share_the_cores_or_scale_the_ops(results):

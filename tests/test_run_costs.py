@@ -8,7 +8,7 @@ import pytest
 
 from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import (CostError, CostModel, FixedOpTimes, HostOverhead, HostSharing, Link, Network,
+from pipesched.simulator.costs import (CostError, CostModel, DataParallel, FixedOpTimes, HostOverhead, HostSharing, Link, Network,
                                        StageCost, StageSwitch)
 from pipesched.simulator.dedicated import dedicated_durations
 from pipesched.simulator.metrics import compute_metrics
@@ -291,6 +291,17 @@ def test_the_residual_counts_only_runs_with_the_costs_replicas_and_split():
     assert step_residual(plain, [(schedule, slow)]) == 1.0  # a data-parallel step: not this pipeline's
     assert step_residual(plain, [(build("zb-v", 2, 4), trace)]) == 1.0  # another split
     assert step_residual(plain, [(schedule, replace(slow, meta=trace.meta))]) == pytest.approx(2.0)
+
+
+def test_the_residual_of_data_parallel_steps_takes_their_mean_not_their_median():
+    schedule, trace = run_of("1f1b", SOLO)
+    dp = {**trace.meta, "data_parallel": {"degree": 2}}
+    steps = [replace(trace, start=trace.start * k, end=trace.end * k, meta=dp) for k in (1.0, 1.0, 1.0, 1.5, 1.6)]
+    costs = replace(SOLO, host=None, data_parallel=DataParallel(2))  # no gradient bytes: the pipeline alone
+    # median 1.0, mean 1.22: two of five steps in the slow mode move the residual
+    assert step_residual(costs, [(schedule, t) for t in steps]) == pytest.approx(1.22)
+    assert step_residual(replace(costs, data_parallel=DataParallel()),
+                         [(schedule, replace(t, meta=trace.meta)) for t in steps]) == pytest.approx(1.0)
 
 
 SWITCHING = replace(TRUTH, stage_switch=StageSwitch(forward=0.4, backward=0.2, forward_second=0.1,

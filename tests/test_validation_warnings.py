@@ -44,3 +44,15 @@ def test_the_measurement_against_itself_holds_even_steps_against_odd_ones():
     # a slow phase shared by both halves moves neither median apart
     assert halves_apart([0.100, 0.100, 0.150, 0.150, 0.100, 0.100]) == 0.0
     assert halves_apart([0.100]) is None and halves_apart([]) is None
+
+
+def test_data_parallel_steps_are_held_against_their_mean():
+    from pipesched.simulator.run_costs import typical_step
+    steps = [0.30, 0.45, 0.30, 0.31, 0.46, 0.44]  # the all-reduce's two modes
+    assert typical_step(steps) == pytest.approx(0.375) and typical_step(steps, 1) == pytest.approx(0.375)
+    assert typical_step(steps, 2) == pytest.approx(sum(steps) / 6)
+    # even steps 0.30, 0.30, 0.46 and odd 0.45, 0.31, 0.44: medians 0.30 and 0.44 apart, means much less
+    assert halves_apart(steps) == pytest.approx(1 - 0.30 / 0.44)
+    assert halves_apart(steps, 2) == pytest.approx(abs((1.06 / 3) / (1.20 / 3) - 1))
+    with pytest.raises(ValueError):
+        typical_step([])

@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     add_schedule_args(p)
     add_executor_args(p)
     add_measurement_args(p, warmup=1)
-    p.add_argument("--trace", metavar="OUT.json", help="write the measured Trace (the step of median makespan)")
+    p.add_argument("--trace", metavar="OUT.json", help="write the measured Trace (the step of median makespan; with --dp the step nearest the mean)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 def print_table(s: dict, model_stages: int) -> None:
     print(f"{printable(s['schedule'])}: {s['ranks']} ranks, {s['microbatches']} microbatches, {model_stages} model stages "
           f"({s['backend']}; {s['model']})")
-    print(f"step time median {fmt_seconds(s['step_time_median'])} over {s['steps']} steps; median step: makespan "
+    which = "step nearest the mean" if s.get("data_parallel") else "median step"
+    print(f"step time median {fmt_seconds(s['step_time_median'])} over {s['steps']} steps; {which}: makespan "
           f"{fmt_seconds(s['makespan'])}, bubble {100 * s['bubble_ratio']:.2f} %, communication "
           f"{fmt_seconds(s['comm_time'])} ({100 * s['comm_hidden_fraction']:.1f} % hidden under compute)")
     if s.get("data_parallel"):
