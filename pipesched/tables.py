@@ -28,7 +28,8 @@ def print_costs(costs: CostModel) -> None:
               f"(interquartile range up to {100 * runs['spread']:.0f} % of the median); {how}")
         k = runs.get("residual", 1.0)
         if k != 1.0:
-            print(f"op and host times x {k:.3f}: the step residual, the runs' median steps over their prediction")
+            which = "mean" if costs.data_parallel.degree > 1 else "median"
+            print(f"op and host times x {k:.3f}: the step residual, the runs' {which} steps over their prediction")
     fixed = costs.fixed_op_times
     if fixed.any:
         print(f"fixed time per op, kept whole when a stage is cut for another split: F {fmt_seconds(fixed.forward)}, "
