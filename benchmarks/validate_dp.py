@@ -6,9 +6,10 @@ times.
 
 Printed per run: the makespan error, the replay error, the bubble and the exposed
 all-reduce (predicted / measured), the measured makespan, the spread of its steps
-(interquartile range over the median), how far the median of its even steps is from that
-of its odd ones (two halves of one measurement: no prediction can be expected to agree
-with the measurement better than that) and the command's wall time; then the median and
+(interquartile range over the median), how far the mean of its even steps is from that
+of its odd ones (two halves of one measurement, each held as `validate --dp` holds the
+run: by its mean step; no prediction can be expected to agree with the measurement
+better than that) and the command's wall time; then the median and
 max |makespan error| and of the halves' difference over the runs, and with `--repeats` 2 or
 more how far each schedule's launches are from that schedule's median launch. The issue's target on
 this 2-core machine (4 processes on 2 cores) is the p = 4 one: median <= 3 %, max <= 8 %.

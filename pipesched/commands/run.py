@@ -23,7 +23,8 @@ def add_parser(sub) -> None:
     add_schedule_args(p)
     add_executor_args(p)
     add_measurement_args(p, warmup=1)
-    p.add_argument("--trace", metavar="OUT.json", help="write the measured Trace (the step of median makespan; with --dp the step nearest the mean)")
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="write the measured Trace (the step of median makespan; with --dp the step nearest the mean)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(handler=run)
 
