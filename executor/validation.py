@@ -32,6 +32,7 @@ from pipesched.simulator.api import simulate
 from pipesched.simulator.compare import Comparison, compare
 from pipesched.simulator.costs import CostModel
 from pipesched.simulator.memory import resident_bytes
+from pipesched.simulator.metrics import compute_metrics
 from pipesched.simulator.replay import replay
 from pipesched.simulator.run_costs import halves_apart, relative_iqr, typical_step
 from pipesched.simulator.trace import Trace
@@ -125,8 +126,7 @@ class Validation:
         replicas = self.costs.data_parallel.degree
         measured = side(c.measured, self.measured)
         measured["step_makespan"] = c.measured.makespan  # the reported step's own (the replay's reference)
-        if replicas > 1 and steps:
-            measured["makespan"] = typical_step(steps, replicas)
+        measured["makespan"] = measured_makespan(self.measured, replicas)
         return {
             "schedule": self.measured.schedule, "ranks": self.measured.ranks,
             "microbatches": self.measured.microbatches, "backend": self.run.backend,
@@ -169,6 +169,14 @@ class Validation:
                 "predicted_allreduce_time": c.predicted.allreduce_time,
                 "measured_allreduce_time": c.measured.allreduce_time},
         }
+
+
+def measured_makespan(trace: Trace, replicas: int = 1) -> float:
+    """The measured makespan (seconds) a prediction is held against: the reported step's
+    own, or with data-parallel replicas the mean over the run's measured steps
+    (`simulator.run_costs.typical_step`; the step reported is the one nearest it)."""
+    steps = trace.meta.get("makespans") or []
+    return typical_step(steps, replicas) if replicas > 1 and steps else compute_metrics(trace).makespan
 
 
 def without_parameters(costs: CostModel) -> CostModel:
@@ -280,10 +288,9 @@ def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: R
     graph = validate(schedule)
     predicted = predict(schedule, costs)
     comparison = compare(predicted, result.trace)
-    steps = result.trace.meta.get("makespans") or []
-    if costs.data_parallel.degree > 1 and steps:  # held against the mean step (run_costs.typical_step)
-        typical = typical_step(steps, costs.data_parallel.degree)
-        comparison = replace(comparison, makespan_rel_error=(comparison.predicted.makespan - typical) / typical)
+    if costs.data_parallel.degree > 1:  # held against the mean step, not the reported one
+        held = measured_makespan(result.trace, costs.data_parallel.degree)
+        comparison = replace(comparison, makespan_rel_error=(comparison.predicted.makespan - held) / held)
     params = resident_bytes(graph, costs.model_stage_costs(schedule.ranks, schedule.num_model_stages))
     measured = result.trace.meta.get("param_bytes", [float("nan")] * schedule.ranks)
     replayed = replay(graph, result.trace, without_parameters(costs))

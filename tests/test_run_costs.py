@@ -8,8 +8,8 @@ import pytest
 
 from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import (CostError, CostModel, DataParallel, FixedOpTimes, HostOverhead, HostSharing, Link, Network,
-                                       StageCost, StageSwitch)
+from pipesched.simulator.costs import (CostError, CostModel, DataParallel, FixedOpTimes, HostOverhead, HostSharing,
+                                       Link, Network, StageCost, StageSwitch)
 from pipesched.simulator.dedicated import dedicated_durations
 from pipesched.simulator.metrics import compute_metrics
 from pipesched.simulator.trace import Trace
