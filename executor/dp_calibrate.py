@@ -47,7 +47,7 @@ from pipesched.simulator.data_parallel import allreduce_after_ready
 
 from .calibrate import CalibrationOptions, _free_running
 from .clock import now
-from .data_parallel import Layout, allreduce_bucket, dp_groups, sgd_step, trainable
+from .data_parallel import Layout, allreduce_bucket, bucket_buffer, dp_groups, sgd_step, trainable
 from .job import RunOptions, RunResult, run_schedule
 from .launch import RankContext
 from .placement import host_cores
@@ -142,11 +142,12 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
         for n in sizes:
             half = max(1, n // 8)
             grads = [torch.zeros(half, dtype=torch.float32, device=ctx.device) for _ in range(2)]
+            flat = bucket_buffer(grads)  # kept over the repeats, as a run keeps its buckets'
             times = []
             for i in range(options.warmup + options.repeats):
                 dist.barrier()
                 start = now()
-                lane.submit(allreduce_bucket, grads, group, options.timeout).result()
+                lane.submit(allreduce_bucket, grads, group, options.timeout, flat).result()
                 if i >= options.warmup:
                     times.append(now() - start)
             medians.append(statistics.median(times))

@@ -160,3 +160,13 @@ def test_with_solo_op_times_the_replicas_share_the_cores_or_scale_the_ops(result
     else:  # a core each: op times x the other replicas' interference
         assert step.host is None
         assert step.model_stages[0].forward == pytest.approx(profile.replica_slowdown[0])
+
+
+def test_a_bucket_keeps_one_buffer_of_its_gradients_size_and_refuses_another():
+    from pipesched.executor.data_parallel import allreduce_bucket, bucket_buffer
+
+    grads = [torch.ones(3, dtype=torch.float64), torch.ones(2, 2, dtype=torch.float64)]
+    flat = bucket_buffer(grads)
+    assert (flat.numel(), flat.dtype) == (7, torch.float64)
+    with pytest.raises(ValueError, match="holds 6 elements, its gradients 7"):
+        allreduce_bucket(grads, None, 1.0, torch.empty(6, dtype=torch.float64))
