@@ -86,10 +86,11 @@ def relative_iqr(values) -> float:
 def typical_step(makespans: Sequence[float], replicas: int = 1) -> float:
     """The measured step time (seconds) a prediction is held against, of a run's steps'
     `makespans`: their median, or with data-parallel replicas their mean. A data-parallel
-    step ends with gradient all-reduces that on a shared host take one of two quite
-    different times, so its steps fall into two groups and the median jumps from one to
-    the other with a single step; the mean does not. Pipeline steps without that have
-    rare outliers, which the median rejects (docs/data_parallel.md has the measurements)."""
+    step ends with gradient all-reduces whose time varies with the host more than ops do
+    (they took one of two quite different times while each step made new bucket
+    buffers), so its steps can fall into groups and the median jump between them with a
+    single step; the mean does not. Pipeline steps have rare outliers, which the median
+    rejects (docs/data_parallel.md has the measurements)."""
     values = np.asarray(makespans, dtype=float)
     if not len(values):
         raise ValueError("no measured step")
