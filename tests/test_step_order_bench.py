@@ -1,0 +1,19 @@
+"""benchmarks/step_order.py: steps compared round by round."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import benchmark_module
+
+
+def test_steps_are_paired_by_round_and_refused_unpaired():
+    bench = benchmark_module("step_order")
+    assert bench.paired_ratios([1.1, 2.0, 3.3], [1.0, 2.0, 3.0]) == pytest.approx([1.1, 1.0, 1.1])
+    with pytest.raises(ValueError, match="3 steps against 2"):
+        bench.paired_ratios([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_spread_is_the_interquartile_range_over_the_median():
+    bench = benchmark_module("step_order")
+    # quartiles of 1..5 (exclusive method): 1.5 and 4.5, median 3
+    assert bench.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(1.0)
