@@ -14,7 +14,7 @@ compared with the second (after its own).
 
 With data parallelism each run's all-reduce buffers are part of what a step before can
 disturb: a new bucket buffer every step made the copy after ZB-V 1.7-4.0 % slower (mean
-steps) and the mean step 2-5 % over the median; with each bucket's buffer kept, under
+steps) and the mean step 2-10 % over the median; with each bucket's buffer kept, under
 1.1 % and within 1 % (docs/data_parallel.md, 2026-11-26, eighth session).
 
     python benchmarks/step_order.py [--dp 2] [--rounds 40] [--order 1f1b,zb-h1,zb-v,1f1b] [--pairs]
