@@ -38,8 +38,8 @@ class RankStep:
     transfers: list[tuple[str, int, int, float, float, float]]  # (lane, edge, peer, start, end, taken)
     memory: tuple[list[float], list[int]]
     losses: dict[int, float]                           # microbatch -> scaled loss (last model stage)
-    host_op_time: float                                # seconds the host spent inside op calls
-    host_wait_time: float                              # seconds blocked on receives and final sends
+    host_op_time: float                                # seconds the host spent inside op calls and SGD steps
+    host_wait_time: float                              # seconds blocked on receives, final sends, all-reduces
     forward_bytes: dict[int, list[int]] = field(default_factory=dict)  # model stage -> bytes saved per F
     kept_bytes: dict[int, list[int]] = field(default_factory=dict)     # model stage -> bytes B kept for W
     allreduce: list[tuple[int, int, float, float]] = field(default_factory=list)  # (model stage, bucket, start, end)
@@ -154,11 +154,15 @@ class RankRuntime:
         self.forward_bytes, self.kept_bytes = {}, {}
         start = now()
         marks, losses = self._walk()
+        waited = now()  # the all-reduces' tail is waiting, the SGD step op time: not host overhead
         order = self.sync.finish() if self.sync is not None else []
         replicas.sum_shared_grads(self.rank, self.shared, self.model.stages, len(self.graph.edges), self.timeout,
                                   self.device, self.offset)
+        stepped = now()
+        self.wait_time += stepped - waited
         if self.sync is not None:
             self.sync.step(order)
+        self.op_time += now() - stepped
         self.timer.sync()
         end = now()
         compute = [(t, self.timer.seconds(a), self.timer.seconds(b)) for t, a, b in marks]
