@@ -140,9 +140,8 @@ def allreduce_bucket(grads: list[torch.Tensor], group, timeout: float, flat: tor
 def bucket_buffer(grads: list[torch.Tensor]) -> torch.Tensor:
     """A buffer for one bucket of `grads` (`allreduce_bucket`), made once and kept. A new
     buffer of megabytes every step is memory the allocator returns to the OS and maps
-    again page by page: on the 2-core host a 16 MiB bucket's all-reduce then took 75 to
-    120 ms in the steps of `validate --dp 2`, and steps spread 5-25 %; with the buffers
-    kept, 15 to 40 ms and 1-5 % (docs/data_parallel.md)."""
+    again page by page, so the all-reduce's time then depends on what the step before did
+    and steps spread widely (measurements: docs/data_parallel.md)."""
     return torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype, device=grads[0].device)
 
 
