@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipesched.schedules.registry import build  # noqa: E402
+from pipesched.simulator.run_costs import relative_iqr  # noqa: E402
 
 
 def paired_ratios(later: list[float], earlier: list[float]) -> list[float]:
@@ -37,12 +38,6 @@ def paired_ratios(later: list[float], earlier: list[float]) -> list[float]:
     if len(later) != len(earlier):
         raise ValueError(f"{len(later)} steps against {len(earlier)}: pair them by round")
     return [b / a for a, b in zip(earlier, later)]
-
-
-def spread(values: list[float]) -> float:
-    """Interquartile range over the median."""
-    q = statistics.quantiles(values, n=4)
-    return (q[2] - q[0]) / statistics.median(values)
 
 
 def job(ctx, names: list[str], p: int, m: int, dp: int, rounds: int, pairs: bool, model) -> list | None:
@@ -95,7 +90,7 @@ def main() -> int:
           f"{args.rounds} rounds{', steps in pairs' if args.pairs else ''}")
     for i, (name, t) in enumerate(zip(names, times)):
         print(f"{i} {name:18} median {1e3 * statistics.median(t):7.1f} ms  mean {1e3 * statistics.mean(t):7.1f} ms  "
-              f"spread {100 * spread(t):4.1f} %")
+              f"spread {100 * relative_iqr(t):4.1f} %")
     if args.pairs:
         for name, t in zip(names, times):
             r = paired_ratios(t[0::2], t[1::2])

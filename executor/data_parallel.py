@@ -119,9 +119,8 @@ def allreduce_bucket(grads: list[torch.Tensor], group, timeout: float, flat: tor
     parts = [g.reshape(-1) for g in grads]
     if flat is None:
         flat = torch.cat(parts)
-    elif flat.numel() != sum(g.numel() for g in parts):
-        raise ValueError(f"the bucket's buffer holds {flat.numel()} elements, its gradients "
-                         f"{sum(g.numel() for g in parts)}")
+    elif flat.numel() != (n := sum(g.numel() for g in parts)):
+        raise ValueError(f"the bucket's buffer holds {flat.numel()} elements, its gradients {n}")
     else:
         torch.cat(parts, out=flat)
     staged = flat.device.type == "cuda" and dist.get_backend(group) == "gloo"

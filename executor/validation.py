@@ -7,7 +7,8 @@ model stages alone, then the links are ping-ponged), then run the schedule's ste
 host whose speed drifts slows both alike. The parent simulates the schedule under the
 calibrated costs and compares the simulation with the measured step of median makespan
 (`simulator.compare`); a data-parallel step's makespan with the mean over the measured
-steps (`simulator.run_costs.typical_step`: its all-reduces take one of two times).
+steps (`simulator.run_costs.typical_step`: an all-reduce's time varies more than an
+op's, docs/data_parallel.md).
 
 Memory is compared like for like: the executor counts activations and communication
 buffers, not parameters, so the prediction compared with it leaves parameters out too;
@@ -287,10 +288,7 @@ def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: R
     costs = replace(costs, recv_lookahead=0 if result.backend == "nccl" else options.lookahead)
     graph = validate(schedule)
     predicted = predict(schedule, costs)
-    comparison = compare(predicted, result.trace)
-    if costs.data_parallel.degree > 1:  # held against the mean step, not the reported one
-        held = measured_makespan(result.trace, costs.data_parallel.degree)
-        comparison = replace(comparison, makespan_rel_error=(comparison.predicted.makespan - held) / held)
+    comparison = compare(predicted, result.trace, measured_makespan(result.trace, costs.data_parallel.degree))
     params = resident_bytes(graph, costs.model_stage_costs(schedule.ranks, schedule.num_model_stages))
     measured = result.trace.meta.get("param_bytes", [float("nan")] * schedule.ranks)
     replayed = replay(graph, result.trace, without_parameters(costs))

@@ -83,8 +83,10 @@ def _rel(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured if measured else float("nan")
 
 
-def compare(predicted: Trace, measured: Trace) -> Comparison:
-    """Compare two traces of the same schedule (same ranks, ops keyed by op/mb/stage)."""
+def compare(predicted: Trace, measured: Trace, held_makespan: float | None = None) -> Comparison:
+    """Compare two traces of the same schedule (same ranks, ops keyed by op/mb/stage).
+    `held_makespan` (seconds): what the makespan error is against, where not the measured
+    trace's own makespan (a data-parallel run's mean step: `executor.validation`)."""
     if (predicted.ranks, predicted.microbatches) != (measured.ranks, measured.microbatches):
         raise ValueError(f"traces differ in shape: {predicted.ranks} ranks x {predicted.microbatches} microbatches "
                          f"vs {measured.ranks} x {measured.microbatches}")
@@ -111,7 +113,7 @@ def compare(predicted: Trace, measured: Trace) -> Comparison:
     memory_errors = [r.peak_memory_rel_error for r in per_rank if np.isfinite(r.peak_memory_rel_error)]
     return Comparison(
         schedule=measured.schedule, predicted=pm, measured=mm,
-        makespan_rel_error=_rel(pm.makespan, mm.makespan),
+        makespan_rel_error=_rel(pm.makespan, mm.makespan if held_makespan is None else held_makespan),
         bubble_abs_error=abs(pm.bubble_ratio - mm.bubble_ratio),
         start_time_error_p50=float(np.percentile(start_err, 50)),
         start_time_error_p90=float(np.percentile(start_err, 90)),

@@ -12,8 +12,3 @@ def test_steps_are_paired_by_round_and_refused_unpaired():
     with pytest.raises(ValueError, match="3 steps against 2"):
         bench.paired_ratios([1.0, 2.0, 3.0], [1.0, 2.0])
 
-
-def test_spread_is_the_interquartile_range_over_the_median():
-    bench = benchmark_module("step_order")
-    # quartiles of 1..5 (exclusive method): 1.5 and 4.5, median 3
-    assert bench.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(1.0)
