@@ -30,11 +30,17 @@ from typing import Iterable, Iterator
 TRANSPORT_THREAD_NAMES = ("gloo_tcp_loop",)
 """Linux thread names of gloo's socket event loops (one per process group)."""
 
+THREADS_ENV = "PIPESCHED_THREADS_PER_RANK"
+"""Environment variable: intra-op threads per rank, at most the rank's share of the cores.
+Unset: the whole share. Fewer threads than cores leave the rest of the rank's share to its
+link groups' event loops, so they never preempt a compute thread (of its own or another rank)."""
+
 
 @dataclass(frozen=True)
 class _Job:
     cores: tuple[int, ...]  # the cores this job may use, as seen before the rank pinned itself
     ranks: int              # how many local ranks share them
+    spare: tuple[int, ...] = ()  # this rank's own cores that run no compute thread (`THREADS_ENV`)
 
 
 _job: _Job | None = None  # set by `pin_to_cores`
@@ -53,9 +59,21 @@ def job_cores() -> set[int]:
     return set(_job.cores) if _job is not None else set()
 
 
+def asked_threads() -> int | None:
+    """Threads per rank asked for with `THREADS_ENV`; None where it is unset or empty.
+    Raises ValueError on anything but a whole number >= 1."""
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{THREADS_ENV} must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def threads_per_rank(local_world: int) -> int:
-    """Intra-op threads for each of `local_world` ranks on this host: its share of the cores, at least 1."""
-    return max(1, host_cores() // max(1, local_world))
+    """Intra-op threads for each of `local_world` ranks on this host: its share of the cores
+    (at least 1), or fewer where `THREADS_ENV` asks for fewer."""
+    return threads_per_rank_of(max(1, host_cores() // max(1, local_world)))
 
 
 def rank_cores(local_rank: int, local_world: int, cores: list[int]) -> list[int]:
@@ -78,11 +96,19 @@ def pin_to_cores(local_rank: int, local_world: int) -> None:
     if not hasattr(os, "sched_setaffinity"):
         return
     cores = sorted(os.sched_getaffinity(0))
-    _job = _Job(tuple(cores), local_world)
+    own = rank_cores(local_rank, local_world, cores)
+    compute = own[:threads_per_rank_of(len(own))]
+    _job = _Job(tuple(cores), local_world, tuple(own[len(compute):]))
     try:
-        os.sched_setaffinity(0, rank_cores(local_rank, local_world, cores))
+        os.sched_setaffinity(0, compute)
     except OSError:
         pass
+
+
+def threads_per_rank_of(share: int) -> int:
+    """Compute threads for a rank with `share` cores of its own (`THREADS_ENV`, at most `share`)."""
+    asked = asked_threads()
+    return share if asked is None else max(1, min(share, asked))
 
 
 def transport_threads() -> list[int]:
@@ -105,12 +131,14 @@ def transport_threads() -> list[int]:
 
 def place_transport_threads(threads: Iterable[int], cores: set[int] | None = None) -> set[int]:
     """Pin the threads `threads` (ids, e.g. from `transport_threads`) to `cores`, by default
-    the job's cores other than this rank's own where each rank has cores of its own
-    (module docstring). Returns the cores they were given; an empty set where nothing
+    the rank's own cores that run no compute thread (`THREADS_ENV`), else the job's cores
+    other than this rank's own where each rank has cores of its own (module docstring). Returns the cores they were given; an empty set where nothing
     moved (the rank has every core of the job, ranks share cores, the rank was never
     pinned, or affinity is unsupported)."""
     if not hasattr(os, "sched_setaffinity") or _job is None:
         return set()
+    if cores is None and _job.spare:
+        cores = set(_job.spare)  # the rank's own cores that run no compute thread
     if cores is None:
         if _job.ranks > len(_job.cores):
             return set()  # every core runs two ranks already: a third thread there slowed steps

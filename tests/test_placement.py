@@ -101,3 +101,23 @@ def test_launched_ranks_run_their_link_loops_on_the_other_cores():
     assert own == rank_cores(0, 2, cores)
     assert default and all(loop == own for loop in default)  # the default group's: the step's barrier
     assert len(links) == 2 and all(loop == sorted(set(cores) - set(own)) for loop in links)
+
+
+def test_fewer_threads_asked_leave_the_rest_of_the_share_to_the_loops(monkeypatch):
+    monkeypatch.setattr(placement, "host_cores", lambda: 16)
+    monkeypatch.delenv(placement.THREADS_ENV, raising=False)
+    assert placement.threads_per_rank(2) == 8
+    monkeypatch.setenv(placement.THREADS_ENV, "3")
+    assert placement.threads_per_rank(2) == 3
+    assert placement.threads_per_rank(8) == 2  # never more than the share
+    monkeypatch.setenv(placement.THREADS_ENV, "0")
+    with pytest.raises(ValueError, match="whole number"):
+        placement.threads_per_rank(2)
+
+
+@pytest.mark.skipif(not LINUX_AFFINITY, reason="needs Linux")
+def test_a_rank_with_spare_cores_puts_its_loops_there(monkeypatch):
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    monkeypatch.setattr(placement, "_job", placement._Job(cores, 1, spare=cores[-1:]))
+    assert place_transport_threads([threading.get_native_id()]) == {cores[-1]}
+    os.sched_setaffinity(0, set(cores))
