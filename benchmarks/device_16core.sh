@@ -4,6 +4,10 @@
 # command cut off at its limit keeps the launches it finished.
 #
 #   SEED=2055 P2_MODELS=6 P4_MODELS=4 P8_MODELS=3 bash benchmarks/device_16core.sh
+#   SEED=2071 P2_THREADS="share 7 1" P4_THREADS="share 3 1" P8_MODELS=0 bash benchmarks/device_16core.sh
+#
+# P2_THREADS etc.: one launch series per entry, each with PIPESCHED_THREADS_PER_RANK set to
+# it ("share": unset, the rank's whole share of the cores); files named ..._t<entry>.
 #
 # Needs: the simpy wheel in .whl/ (that image has no simpy and no network), python3 with torch.
 # The package is made importable as pipesched.* by links inside this copy of the tree (the
@@ -34,15 +38,22 @@ machine() {
   ps -eo pcpu,comm --sort=-pcpu | head -8
 } >"$OUT/machine.txt" 2>&1
 
-bench() {  # name, time limit in seconds, then the benchmark's own arguments
-  local name=$1 limit=$2; shift 2
+bench() {  # name, threads ("share" or a number), time limit in seconds, then the benchmark's own arguments
+  local name=$1 threads=$2 limit=$3; shift 3
+  [ "$threads" = share ] || name="${name}_t$threads"
   echo "== $name ($(date -u +%T))" >>"$log"
+  if [ "$threads" = share ]; then unset PIPESCHED_THREADS_PER_RANK; else export PIPESCHED_THREADS_PER_RANK=$threads; fi
   timeout -k 10 "$limit" python3 benchmarks/accuracy_random.py --seed "$SEED" --draw-ranks 2,4,8 \
     --save-runs "$OUT/${name}_runs.json.gz" "$@" >>"$log" 2>&1
   echo "== $name exit $? ($(date -u +%T))" >>"$log"
   machine "after $name" >>"$OUT/machine.txt"
 }
-bench p2 "${P2_LIMIT:-170}" --ranks 2 --models "${P2_MODELS:-6}"
-bench p4 "${P4_LIMIT:-150}" --ranks 4 --models "${P4_MODELS:-4}"
-bench p8 "${P8_LIMIT:-220}" --ranks 8 --models "${P8_MODELS:-3}"
+for p in 2 4 8; do
+  models_var="P${p}_MODELS" limit_var="P${p}_LIMIT" threads_var="P${p}_THREADS"
+  default_models=$(( p == 2 ? 6 : (p == 4 ? 4 : 3) )) default_limit=$(( p == 2 ? 170 : (p == 4 ? 150 : 220) ))
+  [ "${!models_var:-$default_models}" -gt 0 ] || continue
+  for threads in ${!threads_var:-share}; do
+    bench "p$p" "$threads" "${!limit_var:-$default_limit}" --ranks "$p" --models "${!models_var:-$default_models}"
+  done
+done
 ls -la "$OUT" >>"$log"

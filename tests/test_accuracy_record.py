@@ -60,6 +60,10 @@ def without_timing(text: str) -> list[str]:
     # again there, seed 2055 (2026-11-26, fifth session; p = 4 and 8 cut by the command's limit)
     *[("accuracy_random.py", f"accuracy_random_seed2055_16core_{k}_runs.json.gz", f"accuracy_random_seed2055_16core_{k}.txt")
       for k in ("p2", "p4", "p8")],
+    # there again, seed 2071 (2026-11-26, ninth session): threads per rank (_t7: 7, _t1: 1, _t3: 3;
+    # the rest of the rank's cores runs its link loops); cut by the command's limits after 2 or 1 models
+    *[("accuracy_random.py", f"accuracy_random_seed2071_16core_{k}_runs.json.gz", f"accuracy_random_seed2071_16core_{k}.txt")
+      for k in ("p2", "p2_t7", "p2_t1", "p4", "p4_t3")],
 ])
 def test_saved_runs_reproduce_the_recorded_accuracy(script, runs, recorded):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--from-runs",
