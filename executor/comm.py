@@ -44,7 +44,17 @@ from .placement import loops_off_own_cores
 
 
 class ExecutorError(RuntimeError):
-    """A rank could not finish its step; the message names the rank, the op and the peer."""
+    """A rank could not finish its step; the message names the rank, the op and the peer.
+    `exit_status`: what the CLI exits with (1: the run failed)."""
+
+    exit_status = 1
+
+
+class HostOutOfMemory(ExecutorError):
+    """The ranks were stopped before the host ran out of memory (the model, or the runs
+    of one command together, are too large for it): exit status 2, as for bad input."""
+
+    exit_status = 2
 
 
 @dataclass(frozen=True)

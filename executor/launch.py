@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from .comm import ExecutorError
+from .comm import ExecutorError, HostOutOfMemory
 from .placement import pin_to_cores, threads_per_rank
 
 BACKENDS = ("gloo", "nccl", "gloo-cuda")
@@ -50,6 +50,12 @@ RANK_FOOTPRINT_BYTES = 256 << 20
 """Memory one local rank needs before its model: a Python process with torch and gloo
 imported, rounded up (docs/limits.md). `check_launchable` refuses more ranks than
 the available memory holds at this size."""
+MEMORY_POLL_S = 0.05
+"""How often the launcher reads the host's available memory while ranks run."""
+MEMORY_RESERVE_FRACTION = 0.03
+"""The share of the host's memory (at least 256 MiB) the launcher keeps free: when less
+is available it stops the ranks with an error rather than let the kernel's out-of-memory
+killer pick a process (theirs or anyone's)."""
 MAX_LOCAL_RANKS = 1024
 """The most ranks one launcher starts on this host, whatever the memory (each is a
 process with its own threads and sockets to every peer)."""
@@ -347,9 +353,12 @@ def _supervise(procs: list, readers: list) -> Any:
     reports: dict[int, tuple[str, Any]] = {}
     open_readers = dict(enumerate(readers))
     failed_at = None
+    reserve = memory_reserve()
     while open_readers:
         wait = 1.0 if failed_at is None else max(0.0, failed_at + ERROR_GRACE_S - time.monotonic())
-        ready = mp.connection.wait(list(open_readers.values()), timeout=wait)
+        ready = mp.connection.wait(list(open_readers.values()), timeout=min(wait, MEMORY_POLL_S))
+        if failed_at is None and reserve is not None:
+            check_memory_left(procs, reserve)
         for rank, reader in list(open_readers.items()):
             if reader not in ready:
                 continue
@@ -359,7 +368,7 @@ def _supervise(procs: list, readers: list) -> Any:
                 code = _exit_code(procs[rank])
                 if code == MAIN_GUARD_EXIT:
                     raise ExecutorError(_NO_MAIN_GUARD) from None
-                reports[rank] = ("error", f"rank {rank} exited with status {code} without reporting")
+                reports[rank] = ("error", _died(rank, code))
             del open_readers[rank]
             if reports[rank][0] == "error" and failed_at is None:
                 failed_at = time.monotonic()
@@ -376,6 +385,50 @@ def _supervise(procs: list, readers: list) -> Any:
     if bad is not None:
         raise ExecutorError(f"rank {bad} exited with status {procs[bad].exitcode} after finishing")
     return reports[0][1]
+
+
+def memory_reserve() -> int | None:
+    """Bytes of memory the launcher keeps free (`MEMORY_RESERVE_FRACTION` of the host's,
+    at least 256 MiB); None where the host's memory is unknown."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return max(256 << 20, int(MEMORY_RESERVE_FRACTION * total)) if available_memory() is not None else None
+
+
+def resident_bytes(pid: int) -> int:
+    """Resident memory of process `pid` in bytes (Linux); 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def check_memory_left(procs: list, reserve: int) -> None:
+    """HostOutOfMemory when the host has less than `reserve` bytes available while the
+    ranks `procs` run (the caller then stops them)."""
+    left = available_memory()
+    if left is None or left >= reserve:
+        return
+    held = sum(resident_bytes(p.pid) for p in procs if p.pid is not None)
+    raise HostOutOfMemory(f"out of memory: the {len(procs)} ranks held {held / 2**30:,.1f} GiB and {left / 2**30:,.2f} GiB "
+                        f"was left on this host, so they were stopped (a smaller --hidden, fewer --layers-per-stage, "
+                        f"fewer microbatches or fewer schedules in one command need less)")
+
+
+def _died(rank: int, code: int | None) -> str:
+    """What a rank that ended without reporting died of, in one line."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = " (the kernel's out-of-memory killer sends it when the host runs out of memory)" \
+            if -code == signal.SIGKILL else ""
+        return f"rank {rank} was killed by {name} without reporting{why}"
+    return f"rank {rank} exited with status {code} without reporting"
 
 
 def _exit_code(proc) -> int | None:

@@ -352,3 +352,40 @@ def test_nccl_one_rank():
                           timeout=120)[name]
     check_exact(result)
     check_trace(result, build(name, n, 4))
+
+
+def _sleep_then_return(ctx, seconds: float) -> int:
+    time.sleep(seconds)
+    return ctx.rank
+
+
+def test_ranks_are_stopped_before_the_host_runs_out_of_memory(monkeypatch):
+    from pipesched.executor import launch as launcher
+    from pipesched.executor.comm import HostOutOfMemory
+
+    monkeypatch.setattr(launcher, "MEMORY_RESERVE_FRACTION", 2.0)  # keep free more than the host has
+    start = time.monotonic()
+    with pytest.raises(HostOutOfMemory, match=r"^out of memory: the 2 ranks held .* GiB and .* GiB was left"):
+        launch_local(_sleep_then_return, (60.0,), 2, timeout=60)
+    assert time.monotonic() - start < 30, "stopped at the first reading, not after the ranks' sleep"
+    assert HostOutOfMemory.exit_status == 2
+    assert children() == []
+
+
+def test_a_rank_killed_without_reporting_is_named_with_its_signal():
+    from pipesched.executor.launch import _died
+
+    assert _died(2, -9).startswith("rank 2 was killed by SIGKILL without reporting (the kernel's out-of-memory")
+    assert _died(1, -15) == "rank 1 was killed by SIGTERM without reporting"
+    assert _died(0, 3) == "rank 0 exited with status 3 without reporting"
+
+
+def test_run_stopped_for_memory_is_one_line_and_exit_status_2(monkeypatch, capsys):
+    from pipesched.cli import main
+    from pipesched.executor import launch as launcher
+
+    monkeypatch.setattr(launcher, "MEMORY_RESERVE_FRACTION", 2.0)
+    assert main(["run", "1f1b", "-p", "2", "-m", "2", "--hidden", "16", "--steps", "1", "--min-time", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("pipesched: error: out of memory: the 2 ranks held")
+    assert children() == []

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             costs = calibrate(schedule, model, calibration_options(args), args.backend)
     except ExecutorError as exc:
         print(f"pipesched: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_status
     if costs is None:  # a rank other than 0 under torchrun
         return 0
     if args.per_layer:

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         result = start(schedule, model, options, args.backend)
     except ExecutorError as exc:
         print(f"pipesched: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_status
     if result is None:  # a rank other than 0 under torchrun
         return 0
     if args.trace:

@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_into(out: Path, work):
-    """(`work()`, 0); on an executor error one line and (None, 1). `out` is removed when
-    nothing was written into it, on any exception (which propagates)."""
+    """(`work()`, 0); on an executor error one line and (None, its exit status). `out` is
+    removed when nothing was written into it, on any exception (which propagates)."""
     from pipesched.executor.comm import ExecutorError
 
     try:
@@ -96,7 +96,7 @@ def run_into(out: Path, work):
     except ExecutorError as exc:
         print(f"pipesched: error: {exc}", file=sys.stderr)
         remove_if_empty(out)
-        return None, 1
+        return None, exc.exit_status
     except BaseException:
         remove_if_empty(out)
         raise
