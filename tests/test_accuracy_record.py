@@ -60,6 +60,13 @@ def without_timing(text: str) -> list[str]:
     # again there, seed 2055 (2026-11-26, fifth session; p = 4 and 8 cut by the command's limit)
     *[("accuracy_random.py", f"accuracy_random_seed2055_16core_{k}_runs.json.gz", f"accuracy_random_seed2055_16core_{k}.txt")
       for k in ("p2", "p4", "p8")],
+    # drawn fresh in the ninth session (2026-11-26), no predictor change: 2072, 2073 at p = 2 and 4;
+    # 2074, 2075 at p = 4 (2074's fourth model was killed for memory before the launcher's guard)
+    *[("accuracy_random.py", f"accuracy_random_seed{s}_runs.json.gz", f"accuracy_random_seed{s}.txt")
+      for s in (2072, 2073, 2074, 2075)],
+    # p = 4, calibrated by a tried change (the stage switch measured one rank at a time where ranks
+    # share cores; not kept): its "without the stage switch" line is what main's calibration gives
+    ("accuracy_random.py", "accuracy_random_seed2076_runs.json.gz", "accuracy_random_seed2076.txt"),
     # there again, seed 2071 (2026-11-26, ninth session): threads per rank (_t7: 7, _t1: 1, _t3: 3;
     # the rest of the rank's cores runs its link loops); cut by the command's limits after 2 or 1 models
     *[("accuracy_random.py", f"accuracy_random_seed2071_16core_{k}_runs.json.gz", f"accuracy_random_seed2071_16core_{k}.txt")
