@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import ExecutorError, HostOutOfMemory
-from .placement import pin_to_cores, threads_per_rank
+from .placement import asked_threads, pin_to_cores, threads_per_rank
 
 BACKENDS = ("gloo", "nccl", "gloo-cuda")
 KILL_GRACE_S = 2.0
@@ -96,7 +96,9 @@ def available_memory() -> int | None:
 def check_launchable(ranks: int) -> None:
     """ValueError when `ranks` local processes cannot be started on this host: more than
     MAX_LOCAL_RANKS, more than the available memory holds (RANK_FOOTPRINT_BYTES each), or
-    more than the process limit (RLIMIT_NPROC) allows. Checked before anything is built."""
+    more than the process limit (RLIMIT_NPROC) allows; or a bad PIPESCHED_THREADS_PER_RANK.
+    Checked before anything is built."""
+    asked_threads()  # the ranks read it; refused here, before they start
     if ranks > MAX_LOCAL_RANKS:
         raise ValueError(f"{ranks:,} ranks cannot be launched on one host: pipesched starts at most "
                          f"{MAX_LOCAL_RANKS:,} local processes (use torchrun across hosts)")

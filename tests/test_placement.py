@@ -121,3 +121,12 @@ def test_a_rank_with_spare_cores_puts_its_loops_there(monkeypatch):
     monkeypatch.setattr(placement, "_job", placement._Job(cores, 1, spare=cores[-1:]))
     assert place_transport_threads([threading.get_native_id()]) == {cores[-1]}
     os.sched_setaffinity(0, set(cores))
+
+
+def test_a_bad_thread_count_is_refused_before_any_rank_starts(monkeypatch):
+    pytest.importorskip("torch")
+    from pipesched.executor.launch import check_launchable
+
+    monkeypatch.setenv(placement.THREADS_ENV, "two")
+    with pytest.raises(ValueError, match="PIPESCHED_THREADS_PER_RANK must be a whole number >= 1, got 'two'"):
+        check_launchable(2)
