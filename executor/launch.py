@@ -415,9 +415,10 @@ def check_memory_left(procs: list, reserve: int) -> None:
     if left is None or left >= reserve:
         return
     held = sum(resident_bytes(p.pid) for p in procs if p.pid is not None)
-    raise HostOutOfMemory(f"out of memory: the {len(procs)} ranks held {held / 2**30:,.1f} GiB and {left / 2**30:,.2f} GiB "
-                        f"was left on this host, so they were stopped (a smaller --hidden, fewer --layers-per-stage, "
-                        f"fewer microbatches or fewer schedules in one command need less)")
+    raise HostOutOfMemory(f"out of memory: the {len(procs)} ranks held {held / 2**30:,.1f} GiB and "
+                          f"{left / 2**30:,.2f} GiB was left on this host, so they were stopped (a smaller "
+                          "--hidden, fewer --layers-per-stage, fewer microbatches or fewer schedules in one "
+                          "command need less)")
 
 
 def _died(rank: int, code: int | None) -> str:

@@ -132,9 +132,10 @@ def transport_threads() -> list[int]:
 def place_transport_threads(threads: Iterable[int], cores: set[int] | None = None) -> set[int]:
     """Pin the threads `threads` (ids, e.g. from `transport_threads`) to `cores`, by default
     the rank's own cores that run no compute thread (`THREADS_ENV`), else the job's cores
-    other than this rank's own where each rank has cores of its own (module docstring). Returns the cores they were given; an empty set where nothing
-    moved (the rank has every core of the job, ranks share cores, the rank was never
-    pinned, or affinity is unsupported)."""
+    other than this rank's own where each rank has cores of its own (module docstring).
+    Returns the cores they were given; an empty set where nothing moved (the rank has
+    every core of the job, ranks share cores, the rank was never pinned, or affinity is
+    unsupported)."""
     if not hasattr(os, "sched_setaffinity") or _job is None:
         return set()
     if cores is None and _job.spare:
