@@ -396,7 +396,7 @@ def memory_reserve() -> int | None:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
-    return max(256 << 20, int(MEMORY_RESERVE_FRACTION * total)) if available_memory() is not None else None
+    return max(256 << 20, int(MEMORY_RESERVE_FRACTION * total))
 
 
 def resident_bytes(pid: int) -> int:

@@ -119,8 +119,11 @@ def test_fewer_threads_asked_leave_the_rest_of_the_share_to_the_loops(monkeypatc
 def test_a_rank_with_spare_cores_puts_its_loops_there(monkeypatch):
     cores = tuple(sorted(os.sched_getaffinity(0)))
     monkeypatch.setattr(placement, "_job", placement._Job(cores, 1, spare=cores[-1:]))
-    assert place_transport_threads([threading.get_native_id()]) == {cores[-1]}
-    os.sched_setaffinity(0, set(cores))
+    try:
+        assert place_transport_threads([threading.get_native_id()]) == {cores[-1]}
+        assert os.sched_getaffinity(0) == {cores[-1]}
+    finally:
+        os.sched_setaffinity(0, set(cores))
 
 
 def test_a_bad_thread_count_is_refused_before_any_rank_starts(monkeypatch):
