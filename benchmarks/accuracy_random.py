@@ -141,6 +141,28 @@ def measure_model(ctx, p: int, draw: Draw, calibration, options):
     return (costs, dict(zip(built, runs)), skipped) if ctx.rank == 0 else None
 
 
+@dataclass(frozen=True)
+class SavedCase:
+    """One launch of a `--save-runs` file: model `model` at `p`, its solo calibration, the
+    median step of every schedule's run, and every step of the calibration runs."""
+
+    model: int
+    p: int
+    draw: Draw
+    costs: CostModel
+    traces: dict
+    steps: dict
+
+
+def saved_cases(doc: dict):
+    """The launches of a loaded `--save-runs` document, as `SavedCase`s."""
+    for case in doc["cases"]:
+        draw = Draw(**{**case["draw"], "m_per_p": {int(k): v for k, v in case["draw"]["m_per_p"].items()}})
+        yield SavedCase(case["model"], case["p"], draw, costs_from_dict(case["costs"]),
+                        {n: Trace.from_dict(t) for n, t in case["traces"].items()},
+                        {n: [Trace.from_dict(t) for t in ts] for n, ts in case.get("calibration_steps", {}).items()})
+
+
 def predict(schedule, costs: CostModel) -> Trace:
     """What `validate` predicts for a run of `schedule` (receives posted as the runs posted them)."""
     from pipesched.executor.validation import predict as predict_run
@@ -304,11 +326,8 @@ def main() -> int:
         doc = json.loads(gzip.decompress(Path(args.from_runs).read_bytes()))
         print(doc["machine"])
         print(f"seed {doc['seed']}, {len(doc['cases'])} launches")
-        for case in doc["cases"]:
-            draw = Draw(**{**case["draw"], "m_per_p": {int(k): v for k, v in case["draw"]["m_per_p"].items()}})
-            rows += evaluate(case["model"], case["p"], draw, costs_from_dict(case["costs"]),
-                             {n: Trace.from_dict(t) for n, t in case["traces"].items()},
-                             {n: [Trace.from_dict(t) for t in ts] for n, ts in case.get("calibration_steps", {}).items()})
+        for case in saved_cases(doc):
+            rows += evaluate(case.model, case.p, case.draw, case.costs, case.traces, case.steps)
         _print_rows(rows)
         report(rows)
         return 0

@@ -71,9 +71,22 @@ def without_timing(text: str) -> list[str]:
     # the rest of the rank's cores runs its link loops); cut by the command's limits after 2 or 1 models
     *[("accuracy_random.py", f"accuracy_random_seed2071_16core_{k}_runs.json.gz", f"accuracy_random_seed2071_16core_{k}.txt")
       for k in ("p2", "p2_t7", "p2_t1", "p4", "p4_t3")],
+    # drawn fresh in the tenth session (2026-11-27), no predictor change; each launched again (the
+    # same models) to measure how far the machine repeats itself from one launch to the next
+    *[("accuracy_random.py", f"accuracy_random_seed{s}_runs.json.gz", f"accuracy_random_seed{s}.txt")
+      for s in ("2077", "2077_repeat1", "2077_repeat2", "2078", "2078_repeat1")],
 ])
 def test_saved_runs_reproduce_the_recorded_accuracy(script, runs, recorded):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--from-runs",
                            str(RESULTS / runs)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert without_timing(proc.stdout) == without_timing((RESULTS / recorded).read_text())
+
+
+def test_saved_runs_reproduce_the_recorded_accuracy_floors():
+    """`benchmarks/accuracy_floor.py` on seed 2077's three launches prints what was recorded."""
+    runs = [str(RESULTS / f"accuracy_random_seed2077{k}_runs.json.gz") for k in ("", "_repeat1", "_repeat2")]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy_floor.py"), *runs],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (RESULTS / "accuracy_floor_seed2077.txt").read_text()
