@@ -59,18 +59,19 @@ def own_means_errors(p: int, m: int, solo: CostModel, traces: dict[str, Trace],
     the calibration runs' step residual (module docstring); {} without both calibration runs."""
     at_two = replace(solo, model_stages=tuple(solo.model_stage_costs(p, 2 * p)))
     at_two = replace(at_two, stages=at_two.model_stages[:1])
-    ratio, predicted = {}, {}
+    if not all(n in traces for n in CALIBRATION_RUNS):
+        return {}
+    predicted = {}
     for name, trace in traces.items():
         schedule = build(name, p, m)
         base = solo if schedule.num_model_stages == p else at_two
         own = [(schedule, t) for t in steps.get(name) or [trace]]
         costs = costs_from_runs(base, own, host_time=True, sharing=solo.host, residual=False)
         predicted[name] = compute_metrics(predict(schedule, costs)).makespan
-        made = [compute_metrics(t).makespan for _, t in own]
-        ratio[name] = typical_step(made) / predicted[name]
-    if not all(n in ratio for n in CALIBRATION_RUNS):
-        return {}
-    residual = float(np.exp(np.mean([np.log(ratio[n]) for n in CALIBRATION_RUNS])))
+    # the calibration runs' step residual, each over all its measured steps, as the default reads it
+    measured = {n: typical_step([compute_metrics(t).makespan for t in steps.get(n) or [traces[n]]])
+                for n in CALIBRATION_RUNS}
+    residual = float(np.exp(np.mean([np.log(measured[n] / predicted[n]) for n in CALIBRATION_RUNS])))
     return {name: predicted[name] * residual / compute_metrics(traces[name]).makespan - 1.0 for name in traces}
 
 
