@@ -10,6 +10,9 @@ depth, sequence length) and each p, one launch of the ranks:
    step of each in turn (`executor.job.run_in_turn`), so that the host's drift slows
    them alike.
 
+A launch the launcher stops because the host runs out of memory (every schedule's model is
+built at once) is reported as not measured, and the next one goes on.
+
 Then, offline, every run is predicted: from the solo calibration; from costs read from
 every measured step of the runs of 1F1B and ZB-H1 and, at the other split, ZB-V, as
 `validate` calibrates (`simulator.run_costs`: op times, each op kind's fixed time from
@@ -335,6 +338,7 @@ def main() -> int:
     import torch
 
     from pipesched.executor.calibrate import CalibrationOptions
+    from pipesched.executor.comm import HostOutOfMemory
     from pipesched.executor.job import RunOptions
     from pipesched.executor.launch import launch_local
 
@@ -356,7 +360,11 @@ def main() -> int:
     for p in ranks:
         for i, draw in enumerate(draws):
             t0 = time.perf_counter()
-            costs, results, skipped = launch_local(measure_model, (p, draw, calibration, options), p, timeout=600)
+            try:
+                costs, results, skipped = launch_local(measure_model, (p, draw, calibration, options), p, timeout=600)
+            except HostOutOfMemory as exc:  # every schedule's model at once can outgrow the host: say so, go on
+                print(f"  (model {i}, p={p}: not measured, {exc})", flush=True)
+                continue
             traces = {n: r.trace for n, r in results.items()}
             steps = {n: results[n].step_traces for n in CALIBRATION_RUNS + (OTHER_SPLIT_RUN,) if n in results}
             new = evaluate(i, p, draw, costs, traces, steps)
