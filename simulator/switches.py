@@ -3,7 +3,7 @@
 A rank that holds two stages (DualPipe's two replicas, the chunks of interleaved and V
 schedules) alternates between their weights and activations, and on a CPU an op right
 after the other stage's ops finds its data out of the caches and runs longer, most on
-small models (`benchmarks/stage_alternation.py` measures it in one process). Runs of
+small models (measured in one process on a 2-core VM: a forward up to 67 % longer). Runs of
 1F1B and ZB-H1 hold one stage per rank and never show it. Calibration measures it with a
 copy of each stage where each rank has its own cores (`executor.profile.switch_slowdown`);
 the cost model keeps it as `StageSwitch`, each op kind's fraction of its time, and
@@ -13,8 +13,8 @@ Here "after another stage" means: the previous task in the rank's program (the p
 other task, for the second task of an overlapped pair) has another virtual stage. The
 task after such a one, when it is of the same stage again, runs longer too, by less
 (`StageSwitch.forward_second`, `backward_second`): the other stage's data still shares
-the caches, for stages larger than a core's own (`benchmarks/stage_alternation.py`;
-DualPipe's ops that do not switch are mostly these, docs/accuracy.md).
+the caches, for stages larger than a core's own (DualPipe's ops that do not switch are
+mostly these, docs/accuracy.md).
 
 Where a calibration's `model_stages` are cut for a finer split (v = 2 schedules from a
 v = 1 calibration), the switch is not added: those op times come with each op kind's
