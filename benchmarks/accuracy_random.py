@@ -1,8 +1,7 @@
 """Prediction accuracy on models nobody tuned for: configurations drawn from a seeded
-generator, every schedule predicted from ONE calibration and then run.
+generator (`random_models.py`), every schedule predicted from ONE calibration and then run.
 
-For each drawn model (MLP or transformer example, hidden 96-1536, microbatch size,
-depth, sequence length) and each p, one launch of the ranks:
+For each drawn model and each p, one launch of the ranks:
 
 1. calibrates once (`executor.calibrate`: solo profiles, ping-pong) on the v = 1 split;
 2. runs every schedule on the same model (v = 2 schedules get half the layers per
@@ -13,38 +12,22 @@ depth, sequence length) and each p, one launch of the ranks:
 A launch the launcher stops because the host runs out of memory (every schedule's model is
 built at once) is reported as not measured, and the next one goes on.
 
-Then, offline, every run is predicted: from the solo calibration; from costs read from
-every measured step of the runs of 1F1B and ZB-H1 and, at the other split, ZB-V, as
-`validate` calibrates (`simulator.run_costs`: op times, each op kind's fixed time from
-the two splits, dedicated work where ranks share cores, host time outside ops fitted
-to the runs where they do not, and the step residual: how much longer the runs of
-1F1B and ZB-H1 measured than predicted; marked * in the table); for comparison, the same
-without the step residual (no-resid) and as calibration did before 2026-11-25 (1F1B and
-ZB-H1 only, pooled means, runs-v1) and, for runs whose calibration measured the stage
-switch (`simulator.switches`), without it, and for runs whose calibration measured the op
-after the switched one, without that (both printed in the summary only).
-Printed per case: measured makespan, the predictions' errors, the replay error (the run simulated with
-its own op and transfer times and host time fitted to it: `simulator.replay`; replay-c
-with the calibrated host time) and the spread of the measured steps' makespans (the
-interquartile range over the median); per p:
-median and max |error| for each estimator (and for what `--op-times auto` picks), over
-all cases, over the schedules not used for calibrating and over the models whose ops are
-long enough that `validate` would not warn (`executor.validation.too_short`); per model: whether the
-predicted fastest schedule measured within 2 % of the measured fastest. Last, how well
-the machine repeats itself: each run's even and odd steps (taken in turn with the other
-schedules') as two measurements of the same thing, how far apart their median makespans
-are and how often the fastest by one half is within 2 % of the fastest by the other,
-beside the default prediction's fastest judged by either half. No prediction can be
-expected to agree with a measurement better than the measurement agrees with itself.
+Then every run is predicted as `validate` predicts it: from the solo calibration ("solo"),
+and from costs read from every measured step of the runs of 1F1B and ZB-H1 and, at the
+other split, ZB-V ("runs", what `--op-times runs` does; those three are marked * in the
+table). Each run is also replayed (simulated with its own op and transfer times: the
+simulator's own error; "replay-c" with the calibrated host time). Printed per run: measured
+makespan, the errors and the spread of its measured steps (interquartile range over the
+median); per p: median and max |error| over all runs and over the schedules not used to
+calibrate, how often the predicted fastest measured within 2 % of the measured fastest,
+and the measurement against itself (each run's even and odd steps as two measurements).
 
-    python benchmarks/accuracy_random.py --seed 1 --models 8 [--ranks 2,4] [--save-runs RUNS.json.gz]
-    python benchmarks/accuracy_random.py --seed 1 --draw-ranks 2,4,8 --ranks 8   # the p = 8 part alone
-    python benchmarks/accuracy_random.py --from-runs RUNS.json.gz     # re-predict saved runs, run nothing
+    python benchmarks/accuracy_random.py --seed 1 --models 8 [--ranks 2,4] [--save-runs RUNS.npz]
+    python benchmarks/accuracy_random.py --from-runs RUNS.npz [--json SUMMARY.json]   # evaluate saved runs again
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -60,69 +43,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import cpu_name  # noqa: E402
+from random_models import CALIBRATION_RUNS, OTHER_SPLIT_RUN, RANKING_TOLERANCE, SCHEDULES, Draw, draw_models  # noqa: E402
+import saved_runs  # noqa: E402
 
 from pipesched.schedules.ir import ScheduleError  # noqa: E402
 from pipesched.schedules.registry import build  # noqa: E402
 from pipesched.simulator.compare import compare  # noqa: E402
-from pipesched.simulator.costs import CostModel, StageSwitch, from_dict as costs_from_dict, to_dict  # noqa: E402
+from pipesched.simulator.costs import CostModel, from_dict as costs_from_dict, to_dict  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
 from pipesched.simulator.replay import replay  # noqa: E402
 from pipesched.simulator.run_costs import costs_from_runs, relative_iqr, step_halves  # noqa: E402
 from pipesched.simulator.trace import Trace  # noqa: E402
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev")
-CALIBRATION_RUNS = ("1f1b", "zb-h1")  # the runs `run` costs are read from
-OTHER_SPLIT_RUN = "zb-v"  # ... and the run at v = 2 that gives the ops' fixed cost
-RANKING_TOLERANCE = 0.02
 LOOKAHEAD = 2
-
-
-@dataclass(frozen=True)
-class Draw:
-    """One drawn model: `depth` blocks per rank (v = 1: one model stage of `depth`
-    blocks; v = 2: two of depth / 2), and the microbatches m per p."""
-
-    kind: str
-    hidden: int
-    depth: int
-    microbatch_size: int
-    seq: int
-    m_per_p: dict
-
-    def model(self, v: int):
-        from pipesched.executor.models import ExampleModel
-        return ExampleModel(self.kind, hidden=self.hidden, layers_per_stage=self.depth // v,
-                            microbatch_size=self.microbatch_size, seq=self.seq)
-
-    def forward_flops(self) -> float:
-        """Floating-point operations of one forward of one rank's share (v = 1)."""
-        h = self.hidden
-        if self.kind == "mlp":
-            return 16.0 * self.microbatch_size * h * h * self.depth
-        return self.microbatch_size * self.seq * (24.0 * h * h + 4.0 * self.seq * h) * self.depth
-
-
-def estimated_forward(draw: Draw) -> float:
-    """Seconds, roughly, on one core of this kind of machine (a fixed cost plus 30 GFLOP/s)."""
-    return 2.5e-4 + draw.forward_flops() / 30e9
-
-
-def draw_models(seed: int, count: int, ranks: list[int]) -> list[Draw]:
-    """`count` models from `seed` whose forward per rank is 0.3-10 ms by a rough estimate
-    (`estimated_forward`; measured 0.7-21 ms on the 2-core VM)."""
-    rng = np.random.default_rng(seed)
-    models: list[Draw] = []
-    while len(models) < count:
-        kind = str(rng.choice(["mlp", "transformer"]))
-        hidden = int(round(np.exp(rng.uniform(np.log(96), np.log(1536))) / 32) * 32)
-        depth = int(rng.choice([2, 4, 6]))
-        mbs = int(rng.choice([4, 8, 16, 32, 64] if kind == "mlp" else [1, 2, 4, 8]))
-        seq = int(rng.choice([32, 64, 128])) if kind == "transformer" else 32
-        m_per_p = {p: int(p * rng.choice([1, 2, 3, 4, 6, 8])) for p in ranks}
-        draw = Draw(kind, hidden, depth, mbs, seq, m_per_p)
-        if 3e-4 <= estimated_forward(draw) <= 1e-2:
-            models.append(draw)
-    return models
 
 
 def measure_model(ctx, p: int, draw: Draw, calibration, options):
@@ -191,9 +124,9 @@ def default_costs(solo: CostModel, runs: list, other: list) -> CostModel:
 
 def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, Trace],
              steps: dict[str, list[Trace]] | None = None) -> list[dict]:
-    """Every schedule's errors under each estimator, and its replay error. `steps`: every
-    measured step of the calibration runs, pooled as `validate` pools them (older saved
-    runs have only each run's median step)."""
+    """Every schedule's errors under each estimator, and its replay errors. `steps`: every
+    measured step of the calibration runs, pooled as `validate` pools them (runs saved
+    without them use each run's median step)."""
     from pipesched.executor.validation import too_short
 
     m = draw.m_per_p[p]
@@ -202,19 +135,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
     runs, other = calibration_runs(schedules, traces, steps)
     complete = all(n in traces for n in CALIBRATION_RUNS)
     from_runs = default_costs(solo, runs, other) if complete else None
-    raw = costs_from_runs(solo, runs + other, host_time=True, sharing=solo.host, residual=False) if complete else None
-    one_split = costs_from_runs(solo, runs, host_time=True, residual=False) if complete else None  # before 2026-11-25
     auto = solo if solo.host is not None and solo.host.gpu else from_runs  # what --op-times auto picks
-    no_switch = None  # as validated before calibration measured stage switches (saved runs from before lack them)
-    if complete and solo.stage_switch.any:
-        no_switch = default_costs(replace(solo, stage_switch=StageSwitch()), runs, other)
-    no_second = None  # the op after the switched one not lengthened (saved runs from before lack it)
-    switch = solo.stage_switch
-    samples = solo.meta.get("calibrated", {}).get("switch_samples") or []
-    if complete and any(len(s) == 4 for s in samples):
-        first_only = replace(switch, forward_second=0.0, backward_second=0.0)
-        no_second = from_runs if first_only == switch else default_costs(replace(solo, stage_switch=first_only),
-                                                                         runs, other)
     rows = []
     for name, trace in traces.items():
         schedule = schedules[name]
@@ -223,8 +144,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
         row = {"model": index, "p": p, "m": m, "schedule": name, "measured": measured,
                "in_calibration": name in CALIBRATION_RUNS + (OTHER_SPLIT_RUN,), "short_ops": short,
                "makespan_spread": relative_iqr(steps_made), "halves": step_halves(steps_made)}
-        for label, costs in (("solo", solo), ("run", from_runs), ("run_raw", raw), ("run_v1", one_split),
-                             ("auto", auto), ("run_no_switch", no_switch), ("run_no_second", no_second)):
+        for label, costs in (("solo", solo), ("run", from_runs), ("auto", auto)):
             if costs is None:
                 row[label] = row[f"{label}_error"] = float("nan")
                 continue
@@ -238,9 +158,7 @@ def evaluate(index: int, p: int, draw: Draw, solo: CostModel, traces: dict[str, 
 
 
 ESTIMATORS = (("solo", "op times from solo profiles"), ("run", "from 1F1B, ZB-H1 and ZB-V runs"),
-              ("run_raw", "... without the step residual"), ("run_v1", "... 1F1B, ZB-H1 only, no sharing"),
-              ("auto", "the default (runs on CPUs)"), ("run_no_switch", "... without the stage switch"),
-              ("run_no_second", "... without the op after the switch"))
+              ("auto", "the default (runs on CPUs)"))
 
 
 def ranking_hits(rows: list[dict], label: str) -> list[bool]:
@@ -281,6 +199,31 @@ def stats(values: list[float]) -> str:
     return f"median {100 * statistics.median(a):5.2f} %, max {100 * max(a):6.2f} %" if a else "no cases"
 
 
+def _median_max(values: list[float]) -> dict:
+    a = [abs(v) for v in values if np.isfinite(v)]
+    return {"median": statistics.median(a), "max": max(a)} if a else {"median": None, "max": None}
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per p, what `report` prints, as numbers (fractions, not percent): each estimator's
+    |error| over all runs and over the schedules not used to calibrate, its ranking hits,
+    and the replays' |error|."""
+    out = {}
+    for p in sorted({r["p"] for r in rows}):
+        here = [r for r in rows if r["p"] == p]
+        other = [r for r in here if not r["in_calibration"]]
+        entry = {"runs": len(here), "models": len({r["model"] for r in here})}
+        for label, _ in ESTIMATORS:
+            hits = ranking_hits(here, label)
+            entry[label] = {"all": _median_max([r[f"{label}_error"] for r in here]),
+                            "other": _median_max([r[f"{label}_error"] for r in other]),
+                            "fastest_right": sum(hits), "judged": len(hits)}
+        for key in ("replay_error", "replay_calibrated_error"):
+            entry[key] = _median_max([r[key] for r in here])
+        out[str(p)] = entry
+    return out
+
+
 def report(rows: list[dict]) -> None:
     print()
     for p in sorted({r["p"] for r in rows}):
@@ -288,8 +231,6 @@ def report(rows: list[dict]) -> None:
         out = [r for r in here if not r["in_calibration"]]
         print(f"p={p} ({len(here)} runs of {len({r['model'] for r in here})} models):")
         for label, what in ESTIMATORS:
-            if not any(np.isfinite(r[f"{label}_error"]) for r in here):
-                continue  # runs saved before the estimator existed
             hits = ranking_hits(here, label)
             print(f"  {what:<36} all {stats([r[f'{label}_error'] for r in here])}; "
                   f"other schedules {stats([r[f'{label}_error'] for r in out])}; "
@@ -320,19 +261,22 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--min-time", type=float, default=1.0, help="seconds of measured steps per run, at least")
     ap.add_argument("--repeats", type=int, default=15, help="calibration repetitions")
-    ap.add_argument("--save-runs", metavar="RUNS.json.gz", help="write every case's calibration and trace")
-    ap.add_argument("--from-runs", metavar="RUNS.json.gz", help="run nothing: evaluate saved runs again")
+    ap.add_argument("--save-runs", metavar="RUNS.npz", help="write every launch's calibration and traces "
+                    "(benchmarks/saved_runs.py; .npz is compact)")
+    ap.add_argument("--from-runs", metavar="RUNS.npz", help="run nothing: evaluate saved runs again")
+    ap.add_argument("--json", metavar="SUMMARY.json", help="also write the per-p summary as JSON")
     args = ap.parse_args()
     started = time.perf_counter()
     rows: list[dict] = []
     if args.from_runs:
-        doc = json.loads(gzip.decompress(Path(args.from_runs).read_bytes()))
+        doc = saved_runs.read(args.from_runs)
         print(doc["machine"])
         print(f"seed {doc['seed']}, {len(doc['cases'])} launches")
         for case in saved_cases(doc):
             rows += evaluate(case.model, case.p, case.draw, case.costs, case.traces, case.steps)
         _print_rows(rows)
         report(rows)
+        _write_summary(args.json, rows)
         return 0
 
     import torch
@@ -351,8 +295,7 @@ def main() -> int:
         ap.error("--draw-ranks must hold every p in --ranks")
     draws = draw_models(args.seed, args.models, draw_ranks)
     for i, d in enumerate(draws):
-        print(f"model {i}: {d.kind} hidden {d.hidden}, {d.depth} blocks per rank, microbatch {d.microbatch_size}"
-              + (f", seq {d.seq}" if d.kind == "transformer" else "") + f", m {d.m_per_p}", flush=True)
+        print(f"model {i}: {d.describe()}", flush=True)
     calibration = CalibrationOptions(repeats=args.repeats, timeout=600)
     options = RunOptions(steps=args.steps, warmup=args.warmup, min_time=args.min_time, timeout=600, check=False,
                          lookahead=LOOKAHEAD)
@@ -377,24 +320,27 @@ def main() -> int:
                           "traces": {n: t.to_dict() for n, t in traces.items()},
                           "calibration_steps": {n: [t.to_dict() for t in ts] for n, ts in steps.items()}})
             if args.save_runs:  # after every launch, so a run cut short keeps what it measured
-                text = json.dumps({"machine": machine, "seed": args.seed, "cases": saved})
-                partial = Path(args.save_runs + ".partial")  # a kill mid-write keeps the last whole file
-                partial.write_bytes(gzip.compress(text.encode()))
-                os.replace(partial, args.save_runs)
+                saved_runs.write(args.save_runs, {"machine": machine, "seed": args.seed, "cases": saved})
     report(rows)
+    _write_summary(args.json, rows)
     print(f"took {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _write_summary(path: str | None, rows: list[dict]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(summary(rows), indent=1) + "\n")
 
 
 def _print_rows(rows: list[dict], header: bool = True) -> None:
     if header:
         print(f"{'model':>5} {'p':>2} {'m':>3} {'schedule':<17} {'measured':>10} {'solo':>8} {'runs':>8} "
-              f"{'no-resid':>8} {'runs-v1':>8} {'replay':>8} {'replay-c':>8} {'spread':>7}")
+              f"{'replay':>8} {'replay-c':>8} {'spread':>7}")
     for r in rows:
         mark = "*" if r["in_calibration"] else " "
         print(f"{r['model']:>5} {r['p']:>2} {r['m']:>3} {r['schedule'] + mark:<17} {1e3 * r['measured']:>8.1f}ms "
-              + " ".join(_signed_percent(r[k]) for k in ("solo_error", "run_error", "run_raw_error", "run_v1_error",
-                                                         "replay_error", "replay_calibrated_error")) + " "
+              + " ".join(_signed_percent(r[k]) for k in ("solo_error", "run_error", "replay_error",
+                                                         "replay_calibrated_error")) + " "
               f"{100 * r['makespan_spread']:>6.2f}%", flush=True)
 
 

@@ -1,6 +1,6 @@
 """Which schedule wins, as a user asks it: `pipesched validate A,B,...` (every built-in
 schedule from one calibration, their runs in turn) end to end on models drawn from a
-seeded generator (the same generator as `accuracy_random.py`, so a fresh seed is a fresh
+seeded generator (`random_models.py`, as `accuracy_random.py` draws them, so a fresh seed is a fresh
 set of models nobody tuned for).
 
 Printed per model and p: the command's wall time, each schedule's makespan error, the
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cli_run import run_json  # noqa: E402
-from accuracy_random import CALIBRATION_RUNS, OTHER_SPLIT_RUN, RANKING_TOLERANCE, SCHEDULES, draw_models  # noqa: E402
+from random_models import CALIBRATION_RUNS, OTHER_SPLIT_RUN, RANKING_TOLERANCE, SCHEDULES, draw_models  # noqa: E402
 
 
 def model_flags(draw) -> list[str]:

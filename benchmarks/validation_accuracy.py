@@ -18,7 +18,6 @@ which shows how much each effect moves the error.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -32,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import cpu_name  # noqa: E402
+import saved_runs  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -199,9 +199,9 @@ def main() -> int:
     ap.add_argument("--backend", choices=("gloo", "gloo-cuda"), default="gloo",
                     help="gloo-cuda: every rank computes on the one GPU (needs CUDA)")
     ap.add_argument("--json", metavar="OUT.json")
-    ap.add_argument("--save-runs", metavar="RUNS.json",
-                    help="also write every case's calibrated costs and measured trace (gzip if .gz)")
-    ap.add_argument("--from-runs", metavar="RUNS.json",
+    ap.add_argument("--save-runs", metavar="RUNS.npz",
+                    help="also write every case's calibrated costs and measured trace (benchmarks/saved_runs.py)")
+    ap.add_argument("--from-runs", metavar="RUNS.npz",
                     help="run nothing: predict the cases of a --save-runs file again and compare")
     args = ap.parse_args()
     if args.backend == "gloo-cuda" and not torch.cuda.is_available() and not args.from_runs:
@@ -209,8 +209,7 @@ def main() -> int:
     options = RunOptions(steps=args.steps, warmup=args.warmup, timeout=600, check=False, lookahead=args.recv_lookahead)
     sizes = GPU_MODELS if args.backend == "gloo-cuda" else MODELS
     if args.from_runs:
-        path = Path(args.from_runs)
-        doc = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+        doc = saved_runs.read(args.from_runs)
         header = {"machine": doc["machine"], "models": doc["models"]}
     else:
         where = f"gloo, compute on {torch.cuda.get_device_name()}" if args.backend == "gloo-cuda" else "gloo on CPU"
@@ -232,9 +231,7 @@ def main() -> int:
         if args.json:  # after every p, so a run cut short keeps what it measured
             Path(args.json).write_text(json.dumps(rows, indent=1))
         if args.save_runs:
-            text = json.dumps({**header, "runs": saved})
-            Path(args.save_runs).write_bytes(gzip.compress(text.encode()) if args.save_runs.endswith(".gz")
-                                             else text.encode())
+            saved_runs.write(args.save_runs, {**header, "runs": saved})
     print()
     for p in sorted({r["p"] for r in rows}):
         print(summarise([r for r in rows if r["p"] == p], f"p={p}"))
