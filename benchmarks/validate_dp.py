@@ -11,7 +11,7 @@ of its odd ones (two halves of one measurement, each held as `validate --dp` hol
 run: by its mean step; no prediction can be expected to agree with the measurement
 better than that) and the command's wall time; then the median and
 max |makespan error| and of the halves' difference over the runs, and with `--repeats` 2 or
-more how far each schedule's launches are from that schedule's median launch. The issue's target on
+more how far each schedule's launches are from that schedule's median launch. The target on
 this 2-core machine (4 processes on 2 cores) is the p = 4 one: median <= 3 %, max <= 8 %.
 
     python benchmarks/validate_dp.py [--schedules 1f1b,zb-h1,...] [--repeats 2] [--out DIR]

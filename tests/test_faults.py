@@ -1,4 +1,4 @@
-"""Faults and hostile inputs (issue 22): the launcher owns its ranks, readers are bounded,
+"""Faults and hostile inputs: the launcher owns its ranks, readers are bounded,
 limits are checked before work, outputs are written atomically and never over an input,
 options that do nothing are refused, names are printed safely."""
 from __future__ import annotations

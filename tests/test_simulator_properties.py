@@ -1,5 +1,5 @@
 """Properties of the simulator over random schedules and costs (hypothesis): the
-monotonicity and scaling the simulator issue asks for, the two engines agreeing, and
+monotonicity and scaling a simulator must show, the two engines agreeing, and
 the critical path explaining the whole makespan."""
 from dataclasses import replace
 

@@ -1,4 +1,4 @@
-"""Our schedules against torch.distributed.pipelining's of the same name (issue 7's chart)."""
+"""Our schedules against torch.distributed.pipelining's of the same name (the chart of `benchmarks/vs_torch_report.py`)."""
 from __future__ import annotations
 
 from pathlib import Path
