@@ -42,6 +42,17 @@ MEMORY_COUNTED = ("bytes of tensors saved for backward (saved-tensor hooks) and 
 
 @dataclass(frozen=True)
 class RunOptions:
+    """How `run` (and `validate`) run a schedule: at least `steps` measured steps after
+    `warmup` unmeasured ones, and more, up to `max_steps`, until `min_time` seconds are
+    measured; `timeout`: seconds any wait may take; `check`: compare the loss and
+    gradients with the unpipelined model; `lookahead`: gloo receives posted this many
+    program units ahead (< 0: all at the step's start); `clock_ping`: estimate clock
+    offsets even on one host; `dp`: data-parallel replicas (p x dp processes);
+    `bucket_bytes`: all-reduce bucket size in bytes (None: a model stage's gradients at
+    once); `lr`: the SGD learning rate under data parallelism (0: weights unchanged).
+    `checked()` raises ValueError for dp < 1, bucket_bytes <= 0, a negative or infinite
+    min_time, or max_steps < steps."""
+
     steps: int = 1               # measured steps, at least
     warmup: int = 0
     min_time: float = 0.0        # seconds of measured steps, at least: short steps get more of them
@@ -68,6 +79,14 @@ class RunOptions:
 
 @dataclass
 class RunResult:
+    """What a run measured (rank 0): `trace`, the step it reports (`representative_step`;
+    seconds, bytes) and its `metrics`; `step_times`: seconds per measured step;
+    `backend`; `check`: loss and gradients against the unpipelined model (None when not
+    checked); `per_rank`: per rank, busy and idle seconds, bubble ratio, peak bytes, ops,
+    host time per op and waiting seconds;
+    `step_traces`: every measured step's trace, in order. `summary()` is the
+    `pipesched run --json` document."""
+
     trace: Trace                 # the measured step a run reports (`representative_step`; meta["step"] says which)
     metrics: Metrics
     step_times: list[float]      # seconds per measured step (first start to last end over ranks)
@@ -157,7 +176,7 @@ class OpenRun:
     collective: every rank opens and finishes the same runs in the same order."""
 
     def __init__(self, ctx: RankContext, schedule: Schedule, model: PipelineModel | ExampleModel,
-                 options: RunOptions = RunOptions()):
+                 options: RunOptions = RunOptions(), built: PipelineModel | None = None):
         self.graph = graph = validate(schedule)
         d = options.dp
         if schedule.ranks * d != ctx.world:
@@ -165,7 +184,9 @@ class OpenRun:
                              f"the process group {ctx.world}")
         m = schedule.microbatches * d
         self.ctx, self.schedule, self.model, self.options = ctx, schedule, model, options
-        self.built = built = model.build(schedule.num_model_stages, m) if isinstance(model, ExampleModel) else model
+        if built is None:  # `built`: the model already built for this split (`share_built_models`)
+            built = model.build(schedule.num_model_stages, m) if isinstance(model, ExampleModel) else model
+        self.built = built
         self.specs = check_model(built, schedule.num_model_stages, m)
         layout = Layout(ctx.rank, schedule.ranks, d)
         mine = replica_model(built, layout.replica, d) if d > 1 else built
@@ -227,6 +248,24 @@ def run_schedule(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
     return run_in_turn(ctx, [(schedule, model, options)])[0]
 
 
+def share_built_models(runs: list[tuple[Schedule, PipelineModel | ExampleModel, RunOptions]]
+                       ) -> list[PipelineModel]:
+    """The model each of `runs` steps, each example model built once per split: runs of the
+    same ExampleModel at the same number of model stages and microbatches get one
+    PipelineModel, so that comparing eight schedules holds about the memory of comparing
+    two (a copy per split, not per schedule). Runs taken in turn may share parameters."""
+    built: dict[tuple, PipelineModel] = {}
+    out = []
+    for schedule, model, options in runs:
+        if isinstance(model, ExampleModel):
+            key = (model, schedule.num_model_stages, schedule.microbatches * options.dp)
+            if key not in built:
+                built[key] = model.build(key[1], key[2])
+            model = built[key]
+        out.append(model)
+    return out
+
+
 def run_in_turn(ctx: RankContext, runs: list[tuple[Schedule, PipelineModel | ExampleModel, RunOptions]],
                 before_step: Callable[[int], None] | None = None) -> list[RunResult | None]:
     """Collective: several schedules, each with its model and options; their warm-ups
@@ -237,8 +276,8 @@ def run_in_turn(ctx: RankContext, runs: list[tuple[Schedule, PipelineModel | Exa
     before every step of run i (e.g. to set up what that run compares)."""
     opened: list[OpenRun] = []
     try:
-        for schedule, model, options in runs:
-            opened.append(OpenRun(ctx, schedule, model, options))
+        for (schedule, model, options), built in zip(runs, share_built_models(runs)):
+            opened.append(OpenRun(ctx, schedule, model, options, built))
         prepare = before_step or (lambda i: None)
         for i, run in enumerate(opened):
             progress.say(ctx.rank, f"running {run.schedule.name}: {run.options.warmup} warm-up and "

@@ -234,3 +234,21 @@ def test_run_refuses_a_deadlocked_schedule_file(monkeypatch, capsys, tmp_path):
     path.write_text(json.dumps(doc))
     assert cli(["run", str(path)]) == 2
     assert "deadlocks" in capsys.readouterr().err
+
+
+def test_runs_in_turn_build_each_example_model_once_per_split():
+    """`validate A,B,...` holds one copy of the network per split, not one per schedule."""
+    from pipesched.executor.job import RunOptions, share_built_models
+
+    model = ExampleModel("mlp", hidden=16, layers_per_stage=2)
+    halved = ExampleModel("mlp", hidden=16, layers_per_stage=1)
+    options = RunOptions(steps=1, warmup=0)
+    runs = [(build("1f1b", 2, 4), model, options), (build("zb-h1", 2, 4), model, options),
+            (build("gpipe", 2, 4), ExampleModel("mlp", hidden=16, layers_per_stage=2), options),
+            (build("zb-v", 2, 4), halved, options), (build("interleaved-1f1b", 2, 4), halved, options)]
+    built = share_built_models(runs)
+    assert built[0] is built[1] is built[2]  # equal descriptions at one split: one build
+    assert built[3] is built[4] and built[3] is not built[0]
+    assert len(built[0].stages) == 2 and len(built[3].stages) == 4
+    mine = PipelineModel([nn.Linear(2, 2)], mse_loss, [], [])
+    assert share_built_models([(build("1f1b", 1, 1), mine, options)])[0] is mine
