@@ -6,7 +6,7 @@ Plans m in 8..64 (8, 16, 32, 64), v in {1, 2}, every built-in plus zb-auto, at f
 memory limits per rank (24, 32, 40, 48 GiB), and prints:
   1. each limit planned from scratch, as one `pipesched plan` run does (wall-clock s);
   2. the four limits in one process sharing the built-ins, which do not depend on the
-     limit (`plan.search(..., cache=)`), and its ratio to 1.
+     limit (`simulator.planner.search(..., cache=)`), and its ratio to 1.
 Target (issue 14): the four limits under 30 s. Times are wall-clock on a machine that
 may be shared (5 agents on 2 cores while this was written): compare ratios in one run.
 Usage: python benchmarks/plan_speed.py [--quick]
@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from pipesched.budget import Budget
-from pipesched.commands.plan import parse_range, search
 from pipesched.schedules.registry import BUILDERS
+from pipesched.simulator.budget import Budget
+from pipesched.simulator.planner import search
 from pipesched.simulator.costs import uniform
 from pipesched.simulator.units import parse_bandwidth, parse_bytes, parse_seconds
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="m in 8..16 only")
     args = parser.parse_args()
-    p, counts, vs = 8, parse_range("8..16" if args.quick else "8..64", 8), [1, 2]
+    p, counts, vs = 8, [8, 16] if args.quick else [8, 16, 32, 64], [1, 2]
     names = [n for n, b in BUILDERS.items() if not b.searches] + ["zb-auto"]
     costs = user_costs()
     limits = [24, 32, 40, 48]

@@ -10,7 +10,7 @@ Prints ratios measured in the same run (wall-clock seconds on this machine):
      p=128, m=1024 (786k ops), in a fresh process. Target: <= 2 s.
   3. A sweep of every built-in (zb-auto included) over p in {4, 8, 16}, m in {p, 2p, 4p,
      8p}, v in {1, 2} (v only for the schedules that take it) on the exact engine: in one
-     process (`sweep_rows`, the command's function) and as the six `pipesched sweep -p P
+     process (`pipesched.sweep`, the command's library call) and as the six `pipesched sweep -p P
      -v V --schedules ALL` commands. Target: <= 20 s.
 Usage: python benchmarks/simulator_speed.py [--quick] [--part command|big|sweep] [--out FILE]
 """
@@ -101,20 +101,18 @@ SWEEP_PS, SWEEP_VS = (4, 8, 16), (1, 2)
 
 
 def sweep_library() -> dict:
-    """What the sweep commands below do, in this process: `sweep_rows` (the command's own
-    function) over every built-in, zb-auto included, at every (p, m, v) of the grid, on the
-    exact engine. Schedules with a fixed chunk count run in both v sweeps, as in the
-    commands."""
-    from pipesched.commands.sweep import sweep_rows
+    """What the sweep commands below do, in this process: `pipesched.sweep` (the library
+    function the command calls) over every built-in, zb-auto included, at every (p, m, v)
+    of the grid, on the exact engine. Schedules with a fixed chunk count run in both v
+    sweeps, as in the commands."""
+    import pipesched as ps
     from pipesched.schedules.registry import BUILDERS
-    from pipesched.simulator.costs import CostModel
 
-    costs = CostModel().check()
     t0 = time.perf_counter()
     rows = []
     for p in SWEEP_PS:
         for v in SWEEP_VS:
-            rows += sweep_rows(list(BUILDERS), [p], [p, 2 * p, 4 * p, 8 * p], costs, [v], "exact")
+            rows += ps.sweep(p, [p, 2 * p, 4 * p, 8 * p], list(BUILDERS), chunks=v, engine="exact")
     skipped = sum(1 for r in rows if r.point.error)
     return {"points": len(rows) - skipped, "skipped": skipped, "total": time.perf_counter() - t0}
 
@@ -190,7 +188,7 @@ def main() -> None:
             f"build + validate {big['build_validate']:.2f} s")
     if not args.quick and args.part in ("all", "sweep"):
         lib = in_fresh_process("sweep_library")
-        say(f"sweep of all {len(sweep_command(4, 1)[-1].split(','))} built-ins (zb-auto too), library calls (sweep_rows): {lib['points']} "
+        say(f"sweep of all {len(sweep_command(4, 1)[-1].split(','))} built-ins (zb-auto too), library calls (pipesched.sweep): {lib['points']} "
             f"points (p in {SWEEP_PS}, m in p..8p x2, v in {SWEEP_VS}; {lib['skipped']} refused) in "
             f"{lib['total']:.1f} s (target <= 20 s)")
         cmds = sweep_commands()

@@ -43,7 +43,8 @@ from pipesched.executor.validation import assemble, calibrate_and_run, predict  
 from pipesched.schedules.ir import ScheduleError  # noqa: E402
 from pipesched.schedules.registry import BUILDERS, build  # noqa: E402
 from pipesched.simulator.compare import compare  # noqa: E402
-from pipesched.simulator.costs import CostModel, HostOverhead, from_dict as costs_from_dict, to_dict  # noqa: E402
+from pipesched.simulator.costs import CostModel, HostOverhead  # noqa: E402
+from pipesched.simulator.cost_file import from_dict as costs_from_dict, to_dict  # noqa: E402
 from pipesched.simulator.trace import Trace  # noqa: E402
 
 MODELS = {

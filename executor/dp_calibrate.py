@@ -45,7 +45,7 @@ from pipesched.simulator.run_costs import costs_from_runs, with_step_residual
 from pipesched.simulator.trace import Trace
 from pipesched.simulator.data_parallel import allreduce_after_ready
 
-from .calibrate import CalibrationOptions, _free_running
+from .solo_calibration import CalibrationOptions, _free_running
 from .clock import now
 from .data_parallel import Layout, allreduce_bucket, bucket_buffer, dp_groups, sgd_step, trainable
 from .job import RunOptions, RunResult, run_schedule
@@ -307,7 +307,7 @@ def calibrate_data_parallel(schedule: Schedule, model: PipelineModel | ExampleMo
     launch's runs of every replica replace them), then the data-parallel measurements
     on p x `replicas` ranks (`measure_here`, with the run `beside` when given). Returns
     (the whole step's costs, the RunResult of `beside` or None)."""
-    from .calibrate import calibrate_here
+    from .solo_calibration import calibrate_here
     from .launch import launch_local
 
     options.check()

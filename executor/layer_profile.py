@@ -15,7 +15,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from pipesched.simulator.costs import CostModel, StageCost, to_dict
+from pipesched.simulator.costs import CostModel, StageCost
+from pipesched.simulator.cost_file import to_dict
 from pipesched.simulator.layers import LayerCosts
 
 from .causal_lm import Blocks, Embedding, Head

@@ -45,7 +45,7 @@ from pipesched.simulator.run_costs import costs_from_runs
 from pipesched.simulator.trace import Trace
 
 from . import progress
-from .calibrate import CalibrationOptions, calibrate_here
+from .solo_calibration import CalibrationOptions, calibrate_here
 from .job import RunOptions, RunResult, run_in_turn, run_schedule
 from .launch import RankContext
 from .models import ExampleModel, PipelineModel

@@ -38,7 +38,7 @@ from pipesched.simulator.replay import replay
 from pipesched.simulator.run_costs import halves_apart, relative_iqr, typical_step
 from pipesched.simulator.trace import Trace
 
-from .calibrate import CalibrationOptions, oversubscribed
+from .solo_calibration import CalibrationOptions, oversubscribed
 from .dp_calibrate import calibrate_data_parallel
 from .job import RunOptions, RunResult
 from .run_calibration import calibrate_then_run, same_network
@@ -91,6 +91,14 @@ def warnings_for(costs: CostModel, makespans: list[float]) -> list[str]:
 
 @dataclass
 class Validation:
+    """A prediction checked against a run of the same schedule (`validate`): the
+    calibrated `costs`, the `predicted` and `measured` traces (seconds, bytes) and their
+    `comparison`; `run`: the RunResult; `param_bytes`: per rank, (predicted, measured)
+    parameter bytes; `replayed`: the run simulated again with its own measured
+    durations, and `replay_comparison` against the run (the simulator's share of the
+    error). `summary()` is the `pipesched validate --json` document; `warnings()` says
+    what makes the measurement less trustworthy."""
+
     costs: CostModel        # the calibrated cost model (parameters included)
     predicted: Trace        # the simulation; its memory leaves parameters out, like the executor's
     measured: Trace         # the measured step the run reports (`executor.job.representative_step`)

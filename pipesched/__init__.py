@@ -10,27 +10,15 @@
 
 Schedules and the simulator need neither torch nor matplotlib: `run`, `calibrate` and
 `validate` import the executor (the `torch` extra) and `plot` imports matplotlib only
-when called. Units everywhere: seconds, bytes, bytes per second.
+when called. Every public name is loaded when first used, so `import pipesched` (or
+`import pipesched.schedules.ir`) loads none of simpy, matplotlib and torch. Units
+everywhere: seconds, bytes, bytes per second.
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
-
-from .schedules import fileformat as _fileformat
-from .schedules.graph import TaskGraph
-from .schedules.ir import Overlap, Schedule, ScheduleError, Task, VirtualStage
-from .schedules.recompute import add_recompute
-from .schedules.registry import BUILDERS
-from .schedules.registry import build as _build
-from .schedules.validate import validate as _check
-from .simulator import costs as _costs
-from .simulator.api import simulate
-from .simulator.compare import Comparison, compare
-from .simulator.costs import CostError, CostModel, DataParallel, StageCost
-from .simulator.metrics import Metrics, compute_metrics
-from .simulator.replay import ReplayError, replay
-from .simulator.trace import Trace, TraceError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -39,6 +27,17 @@ if TYPE_CHECKING:
     from .executor.job import RunOptions, RunResult
     from .executor.models import ExampleModel, PipelineModel
     from .executor.validation import Validation
+    from .schedules.graph import TaskGraph
+    from .schedules.ir import Overlap, Schedule, ScheduleError, Task, VirtualStage
+    from .simulator.api import simulate
+    from .simulator.budget import BudgetError
+    from .simulator.compare import Comparison, compare
+    from .simulator.costs import CostError, CostModel, DataParallel, StageCost
+    from .simulator.metrics import Metrics
+    from .simulator.planner import Candidate, Plan, plan
+    from .simulator.replay import ReplayError, replay
+    from .simulator.sweep import SweepRow, sweep
+    from .simulator.trace import Trace, TraceError
 
 __version__ = "0.1.0"
 
@@ -50,14 +49,51 @@ __all__ = [
     "CostModel", "StageCost", "DataParallel", "CostError", "uniform_costs", "load_costs", "save_costs",
     "simulate", "Trace", "TraceError", "Metrics", "metrics", "Comparison", "compare", "plot",
     "replay", "ReplayError",
+    # choosing a schedule
+    "plan", "Plan", "Candidate", "sweep", "SweepRow", "BudgetError",
     # the executor (torch)
     "PipelineModel", "ExampleModel", "RunOptions", "RunResult", "CalibrationOptions", "Validation",
     "run", "calibrate", "validate", "validate_many",
 ]
 
+_LAZY = {  # public name -> the module it comes from, imported when the name is first used
+    **dict.fromkeys(("Schedule", "Task", "Overlap", "VirtualStage", "ScheduleError"), "pipesched.schedules.ir"),
+    "TaskGraph": "pipesched.schedules.graph",
+    **dict.fromkeys(("CostModel", "StageCost", "DataParallel", "CostError"), "pipesched.simulator.costs"),
+    "simulate": "pipesched.simulator.api",
+    **dict.fromkeys(("Trace", "TraceError"), "pipesched.simulator.trace"),
+    "Metrics": "pipesched.simulator.metrics",
+    **dict.fromkeys(("Comparison", "compare"), "pipesched.simulator.compare"),
+    **dict.fromkeys(("replay", "ReplayError"), "pipesched.simulator.replay"),
+    **dict.fromkeys(("plan", "Plan", "Candidate"), "pipesched.simulator.planner"),
+    **dict.fromkeys(("sweep", "SweepRow"), "pipesched.simulator.sweep"),
+    "BudgetError": "pipesched.simulator.budget",
+    **dict.fromkeys(("PipelineModel", "ExampleModel"), "pipesched.executor.models"),
+    **dict.fromkeys(("RunOptions", "RunResult"), "pipesched.executor.job"),
+    "CalibrationOptions": "pipesched.executor.calibrate",
+    "Validation": "pipesched.executor.validation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module when first used (PEP 562); the executor's
+    types import torch then."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipesched' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 def schedule_names() -> list[str]:
     """The built-in schedules' names, as `build` and the CLI take them."""
+    from .schedules.registry import BUILDERS
+
     return list(BUILDERS)
 
 
@@ -69,11 +105,14 @@ def build(name: str, ranks: int, microbatches: int, chunks: int | None = None, *
     (zb-h2, zb-v, v-half, v-min, zb-auto) order their ops for them, exactly as the command
     line does. `max_activations` (microbatches of one pipeline stage's activations; 1F1B
     holds p) and `memory_limit` (bytes per rank, under `costs`) bound zb-auto's search;
-    any other schedule over them is refused (ValueError). `recompute`: True recomputes
+    any other schedule over them is refused (BudgetError, a ValueError). `recompute`: True recomputes
     every model stage's activations (an R op before each backward, see
     docs/recompute.md), an iterable of model stage indices only those; False (default)
     only the stages `costs` mark (`StageCost.recompute`)."""
-    from .budget import Budget, build_within, check_fits
+    from .schedules.recompute import add_recompute
+    from .schedules.registry import build as build_named
+    from .simulator.budget import Budget, build_within, check_fits
+    from .simulator.costs import CostModel
 
     budget = Budget(max_activations, memory_limit)
     if recompute is not True and recompute is not False:  # some model stages: built, then transformed
@@ -81,48 +120,64 @@ def build(name: str, ranks: int, microbatches: int, chunks: int | None = None, *
         check_fits(schedule, costs, budget)
         return schedule
     if costs is None and not budget:
-        return add_recompute(_build(name, ranks, microbatches, chunks), recompute)
-    costs = _costs.CostModel() if costs is None else costs.check()
+        return add_recompute(build_named(name, ranks, microbatches, chunks), recompute)
+    costs = CostModel() if costs is None else costs.check()
     return build_within(name, ranks, microbatches, chunks, costs, budget, recompute=recompute)
 
 
 def check_schedule(schedule: Schedule) -> TaskGraph:
     """Validate any schedule (placement, completeness, no deadlock) and compile its task
     graph; ScheduleError names the first problem, a deadlock as ops per rank."""
-    return _check(schedule)
+    from .schedules.validate import validate as check
+
+    return check(schedule)
 
 
 def load_schedule(path: str | Path) -> Schedule:
     """A schedule file (`pipesched.schedule/1`, as `pipesched show --json` writes)."""
-    return _fileformat.load(path)
+    from .schedules import fileformat
+
+    return fileformat.load(path)
 
 
 def save_schedule(schedule: Schedule, path: str | Path) -> None:
     """Write `schedule` as a `pipesched.schedule/1` file."""
-    _fileformat.save(schedule, path)
+    from .schedules import fileformat
+
+    fileformat.save(schedule, path)
 
 
 def uniform_costs(f: float = 1.0, b: float = 1.0, w: float = 1.0, **fields: Any) -> CostModel:
     """Every pipeline stage takes F, B, W seconds per microbatch; keywords: latency (s),
     bandwidth (bytes/s), activation_bytes, activation_memory, weight_memory, param_bytes
     (bytes) and any other CostModel field."""
-    return _costs.uniform(f, b, w, **fields)
+    from .simulator.costs import uniform
+
+    return uniform(f, b, w, **fields)
 
 
 def load_costs(path: str | Path) -> CostModel:
     """A cost file (`pipesched.costs/1`, JSON or TOML, as `pipesched calibrate` writes)."""
-    return _costs.load(path)
+    from .simulator import cost_file
+
+    return cost_file.load(path)
 
 
 def save_costs(costs: CostModel, path: str | Path) -> None:
     """Write `costs` as a `pipesched.costs/1` JSON file."""
-    _costs.save(costs, path)
+    from .simulator import cost_file
+
+    cost_file.save(costs, path)
 
 
 def metrics(trace: Trace, schedule: Schedule | TaskGraph | None = None) -> Metrics:
     """Makespan, bubble ratio, per-rank busy/idle/peak memory and communication overlap of
     any trace, simulated or measured; with the trace's schedule, the critical path too."""
-    graph = _check(schedule) if isinstance(schedule, Schedule) else schedule
+    from .schedules.ir import Schedule
+    from .schedules.validate import validate as check
+    from .simulator.metrics import compute_metrics
+
+    graph = check(schedule) if isinstance(schedule, Schedule) else schedule
     return compute_metrics(trace, graph)
 
 
@@ -199,16 +254,3 @@ def validate_many(schedules: "list[Schedule]", model: "PipelineModel | ExampleMo
     for schedule in schedules:
         prepare(schedule, network_for(model, schedules[0], schedule), backend, options.dp)
     return validate_schedules(list(schedules), model, options, calibration or CalibrationOptions(), backend)
-
-
-_LAZY = {"PipelineModel": "models", "ExampleModel": "models", "RunOptions": "job", "RunResult": "job",
-         "CalibrationOptions": "calibrate", "Validation": "validation"}
-
-
-def __getattr__(name: str) -> Any:
-    """The executor's types, imported (with torch) only when first used."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"pipesched.executor.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'pipesched' has no attribute {name!r}")

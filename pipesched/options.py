@@ -9,11 +9,12 @@ from pathlib import Path
 from pipesched.schedules import fileformat, torch_format
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.registry import BUILDERS, build, check_known, check_size
-from pipesched.simulator import costs as cost_files
+from pipesched.simulator import cost_file as cost_files
 from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 from pipesched.simulator.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
-from .budget import Budget, build_within, check_fits, with_recompute
+from pipesched.simulator import planner
+from pipesched.simulator.budget import Budget, build_within, check_fits, with_recompute
 from .dp_options import add_dp_args, apply_dp_args
 from .errors import UsageError
 
@@ -71,9 +72,7 @@ def add_recompute_arg(parser: argparse.ArgumentParser, search: bool = False, def
 def recompute_modes(choice: str, budget: Budget = Budget()) -> tuple[bool, ...]:
     """The recompute settings a searching command tries for --recompute off|on|both
     (auto: both under a memory budget, where recomputing can make a schedule fit, else off)."""
-    if choice == "auto":
-        choice = "both" if budget else "off"
-    return {"off": (False,), "on": (True,), "both": (False, True)}[choice]
+    return planner.recompute_modes(choice, budget)
 
 
 def add_budget_args(parser: argparse.ArgumentParser) -> None:
@@ -104,10 +103,10 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
                   builtins: list[Schedule] | None = None, seen: dict | None = None) -> Schedule:
     """A schedule from a name, torch:NAME, a schedule file or a torch CSV. Built-in
     schedules that adapt to costs are built for `costs`' op durations; zb-auto searches
-    under `budget` and any other schedule must fit it (UsageError). `recompute`: every
+    under `budget` and any other schedule must fit it (BudgetError). `recompute`: every
     model stage recomputes (R ops added, `schedules.recompute`); without it the stages
     `costs` mark recompute do. `builtins` and `seen`: built-ins already built and
-    evaluated, for zb-auto (`budget.build_within`). A built-in name wins over a file or
+    evaluated, for zb-auto (`simulator.budget.build_within`). A built-in name wins over a file or
     folder of that name in the working directory (say ./NAME for the file)."""
     path = Path(spec)
     builtin = spec in BUILDERS

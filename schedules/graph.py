@@ -27,7 +27,7 @@ from .ir import B, BW, F, OPS, R, W, Overlap, Schedule, Task, unit_tasks
 if TYPE_CHECKING:
     import networkx as nx
 
-    from .timeline import Waves
+    from .waves import Waves
 
 LOCAL, ACTIVATION, GRADIENT = 0, 1, 2
 EDGE_KINDS = ("local", "activation", "gradient")
@@ -45,6 +45,21 @@ class Edge(NamedTuple):
 
 @dataclass
 class TaskGraph:
+    """A schedule compiled for evaluation (`check_schedule` / `schedules.validate`
+    returns it, validated). Ids are list positions:
+
+    schedule: the Schedule it was compiled from.
+    tasks: every op of every microbatch (Task: op, mb, virtual stage); index: Task -> id.
+    units: the program elements as tuples of task ids (an overlapped pair is one unit
+        of two tasks); task_unit: per task, its unit; unit_rank: per unit, its rank;
+        rank_units: per rank, its units in program order.
+    edges: data dependencies (`Edge`: src task, dst task, kind LOCAL / ACTIVATION /
+        GRADIENT, the model-stage boundary whose bytes cross).
+    topo_units: a topological order of the units (filled by validation).
+    waves: the units in waves (`schedules.waves`), computed when first needed.
+    No times or sizes: the cost model adds those when simulating.
+    """
+
     schedule: Schedule
     tasks: list[Task]
     index: dict[Task, int]

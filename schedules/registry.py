@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from .dualpipe import build_dualpipe
 from .dualpipev import build_dualpipev
@@ -16,7 +16,7 @@ from .zb_h1 import build_zb_h1
 from .zb_h2 import build_zb_h2
 from .v_half import build_v_half
 from .v_min import build_v_min
-from .zb_auto import Score, build_zb_auto
+from .zb_auto import Score, build_zb_auto, one_copy
 from .zb_v import build_zb_v
 from .numbers import is_int
 
@@ -103,7 +103,7 @@ def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
         if all(_is_count(x) and x > 0 for x in (ranks, microbatches)):
             check_size(name, 3 * microbatches * ranks * 2)  # at most two chunks per rank
         return builder.build(ranks, microbatches, chunks, op_time=op_time, max_activations=max_activations,
-                             score=score, builtins=builtins)
+                             score=score, builtins=builtins, candidates=builtin_candidates)
     if builder.chunks is not None and chunks is not None and chunks != builder.chunks:
         raise ScheduleError(f"{name} has {builder.chunks} chunk{'s' if builder.chunks > 1 else ''} per rank, got -v {chunks}")
     v = builder.chunks if builder.chunks is not None else builder.default_chunks if chunks is None else chunks
@@ -113,3 +113,29 @@ def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
     if builder.chunks is None:
         return builder.build(ranks, microbatches, v, **kwargs)
     return builder.build(ranks, microbatches, **kwargs)
+
+
+def builtin_candidates(ranks: int, microbatches: int, chunks: Iterable[int],
+                       op_time: OpTime | None, built: dict | None = None) -> list[Schedule]:
+    """Every other built-in with these v that can be built for p and m and keeps one
+    copy of each model stage. `built`: what the caller already built for these p, m and
+    durations, by (name, chunks as given to `registry.build`), a Schedule or the
+    ScheduleError building raised; used instead of building again."""
+    built = {} if built is None else built
+    out = []
+    for name, builder in BUILDERS.items():
+        if builder.searches:
+            continue
+        for v in chunks:
+            if builder.chunks is not None and builder.chunks != v:
+                continue
+            arg = None if builder.chunks else v
+            s = built.get((name, arg))
+            if s is None:
+                try:
+                    s = build(name, ranks, microbatches, arg, op_time)
+                except ScheduleError:
+                    continue  # e.g. dualpipe needs p and m even
+            if isinstance(s, Schedule) and one_copy(s):
+                out.append(s)
+    return out

@@ -34,6 +34,9 @@ from .timeline import makespan_under
 Score = Callable[[Schedule], float]
 """Seconds a schedule takes, or math.inf when it does not fit the caller's limit."""
 
+Candidates = Callable[[int, int, tuple[int, ...], OpTime | None], list[Schedule]]
+"""(ranks, microbatches, chunks, op_time) -> the built-in schedules zb-auto competes with."""
+
 SCORED_PLAYS = 2  # play-outs per placement scored in full after the free-transfer ranking
 
 
@@ -62,34 +65,6 @@ def one_copy(schedule: Schedule) -> bool:
     """Whether each model stage is on one rank only (DualPipe keeps two replicas, which
     doubles the parameters and needs their gradients summed: another model layout)."""
     return len(schedule.stages) == schedule.num_model_stages
-
-
-def builtin_candidates(ranks: int, microbatches: int, chunks: Iterable[int],
-                       op_time: OpTime | None, built: dict | None = None) -> list[Schedule]:
-    """Every other built-in with these v that can be built for p and m and keeps one
-    copy of each model stage. `built`: what the caller already built for these p, m and
-    durations, by (name, chunks as given to `registry.build`), a Schedule or the
-    ScheduleError building raised; used instead of building again."""
-    from .registry import BUILDERS, build  # the registry lists zb-auto itself
-
-    built = {} if built is None else built
-    out = []
-    for name, builder in BUILDERS.items():
-        if builder.searches:
-            continue
-        for v in chunks:
-            if builder.chunks is not None and builder.chunks != v:
-                continue
-            arg = None if builder.chunks else v
-            s = built.get((name, arg))
-            if s is None:
-                try:
-                    s = build(name, ranks, microbatches, arg, op_time)
-                except ScheduleError:
-                    continue  # e.g. dualpipe needs p and m even
-            if isinstance(s, Schedule) and one_copy(s):
-                out.append(s)
-    return out
 
 
 def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: float,
@@ -130,9 +105,11 @@ def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: flo
 
 def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_time: OpTime | None = None,
                   max_activations: float | None = None, score: Score | None = None,
-                  builtins: list[Schedule] | None = None) -> Schedule:
+                  builtins: list[Schedule] | None = None, candidates: Candidates | None = None) -> Schedule:
     """The lowest-`score` candidate (see module doc). `builtins`: already built built-in
-    schedules to compare against (default: built here); ScheduleError when nothing fits."""
+    schedules to compare against; without them, those `candidates(ranks, microbatches,
+    chunks, op_time)` builds (`registry.build` passes `registry.builtin_candidates`),
+    else none. ScheduleError when nothing fits."""
     check_positive("zb-auto", ranks=ranks, microbatches=microbatches)
     if chunks is not None and (isinstance(chunks, bool) or chunks not in (1, 2)):
         raise ScheduleError(f"zb-auto takes -v 1 or -v 2 (or none for both), got -v {chunks}")
@@ -159,7 +136,9 @@ def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_t
             step = 0.5 if len(stages) > ranks else 1.0  # a chunk of two holds half a microbatch
             if max_activations is not None and best == math.inf and limit - step >= 1:
                 limits.append(limit - step)  # the caller's byte limit is tighter than the estimate
-    for s in builtins if builtins is not None else builtin_candidates(ranks, microbatches, vs, op_time):
+    if builtins is None:
+        builtins = [] if candidates is None else candidates(ranks, microbatches, vs, op_time)
+    for s in builtins:
         if s.name != "zb-auto" and one_copy(s) and (1 if s.num_model_stages == ranks else 2) in vs:
             keep(s, s.name)
     value, _, winner, origin = min(scored, key=lambda x: (x[0], x[1]), default=(math.inf, 0, None, ""))

@@ -23,6 +23,9 @@ from .trace import COMPUTE, SPAN_OPS, Trace
 
 @dataclass
 class RankComparison:
+    """One rank predicted against measured: bubble ratios, peak memory (bytes) and the
+    end of its last op (seconds on the step clock), with their errors."""
+
     rank: int
     predicted_bubble: float
     measured_bubble: float
@@ -37,6 +40,8 @@ class RankComparison:
 
 @dataclass
 class OpKindComparison:
+    """One op kind predicted against measured: how many ops matched, median durations (s)."""
+
     op: str
     count: int
     predicted_median: float  # seconds
@@ -46,6 +51,19 @@ class OpKindComparison:
 
 @dataclass
 class Comparison:
+    """A prediction against a measurement of the same schedule (`compare`; module doc).
+
+    predicted, measured: the two traces' Metrics.
+    makespan_rel_error: (predicted - measured) / measured makespan.
+    bubble_abs_error: |predicted - measured| total bubble ratio (a ratio, not points).
+    start_time_error_p50, start_time_error_p90: median and 90th percentile of
+        |start predicted - start measured| over every matched op, divided by the
+        measured makespan.
+    peak_memory_rel_error: the worst rank's (predicted - measured) / measured peak bytes.
+    per_rank: RankComparison per rank; per_op: OpKindComparison per op kind;
+    matched_ops: ops present in both traces.
+    """
+
     schedule: str
     predicted: Metrics
     measured: Metrics

@@ -8,17 +8,18 @@ model stage. A model stage's costs are the sums of its pieces' times and memorie
 
 `LayerCosts.split(S)` places the layers on S model stages: "balanced" (the partitioner,
 `simulator.partition`, on the weight `objective` names), "even" (by count) or explicit
-counts. In a cost file this is the `layers` section (see docs/partition.md).
+counts. In a cost file this is the `layers` section (see docs/partition.md), read and
+written by `simulator.cost_file`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 from pipesched.schedules.numbers import is_int
 
-from .costs import CostError, StageCost, _stage
+from .stage_costs import CostError, StageCost
 from .partition import PartitionError, balanced_split, check_counts, even_split, stage_loads
 
 PARTITIONS = ("balanced", "even")
@@ -128,70 +129,6 @@ class LayerCosts:
             out.append(sum_costs(pieces, boundary))
             start += c
         return out
-
-
-_FIELDS = {"layer", "count", "list", "embedding", "head", "partition", "objective"}
-_ZERO_TIMES = {"forward": 0.0, "backward_input": 0.0, "backward_weight": 0.0}
-
-
-def _piece(data: Any, where: str) -> StageCost:
-    """One layer or extra; times it does not give are 0 (not the 1 s of a `stage`)."""
-    if not isinstance(data, dict):
-        raise CostError(f"{where} must be an object of layer costs, got {type(data).__name__}")
-    return _stage({**_ZERO_TIMES, **data}, where)
-
-
-def layers_from_dict(data: Any) -> LayerCosts:
-    """The `layers` section of a cost file: `layer` (defaults for every layer), `count`
-    copies of it or a `list` of layers (each over those defaults), optional `embedding`
-    and `head`, `partition` and `objective`. Times a piece does not give are 0 s."""
-    if not isinstance(data, dict):
-        raise CostError("layers must be an object with layer/count or list, embedding, head, partition")
-    unknown = sorted(set(data) - _FIELDS)
-    if unknown:
-        raise CostError(f"layers has unknown field {unknown[0]!r}; fields are {', '.join(sorted(_FIELDS))}")
-    base = data.get("layer", {})
-    if not isinstance(base, dict):
-        raise CostError("layers.layer must be an object of layer costs")
-    count = data.get("count")
-    if count is not None and (not is_int(count) or count < 1):
-        raise CostError(f"layers.count must be an integer >= 1, got {count!r}")
-    if "list" in data:
-        items = data["list"]
-        if not isinstance(items, list) or not items:
-            raise CostError("layers.list must be a non-empty list of layer costs")
-        if count is not None and count != len(items):
-            raise CostError(f"layers.count is {count} but layers.list has {len(items)} layers")
-        layers = tuple(_piece({**base, **item} if isinstance(item, dict) else item, f"layers.list[{i}]")
-                       for i, item in enumerate(items))
-    elif count is not None:
-        layers = (_piece(base, "layers.layer"),) * count
-    else:
-        raise CostError("layers needs count (copies of layers.layer) or list (one entry per layer)")
-    extras = {name: _piece(data[name], f"layers.{name}") for name in ("embedding", "head") if name in data}
-    partition = data.get("partition", "balanced")
-    if isinstance(partition, list):
-        partition = tuple(partition)
-    return LayerCosts(layers, extras.get("embedding"), extras.get("head"), partition,
-                      data.get("objective", "fbw")).check()
-
-
-def layers_to_dict(model: LayerCosts) -> dict:
-    """The `layers` section of `model` (round-trips through layers_from_dict)."""
-    def stage(s: StageCost) -> dict:
-        return {f.name: getattr(s, f.name) for f in fields(StageCost) if getattr(s, f.name) is not None}
-
-    doc: dict[str, Any] = {}
-    if len(set(model.layers)) == 1:
-        doc.update(layer=stage(model.layers[0]), count=len(model.layers))
-    else:
-        doc["list"] = [stage(s) for s in model.layers]
-    for name in ("embedding", "head"):
-        if getattr(model, name) is not None:
-            doc[name] = stage(getattr(model, name))
-    doc["partition"] = model.partition if isinstance(model.partition, str) else list(model.partition)
-    doc["objective"] = model.objective
-    return doc
 
 
 def with_partition(model: LayerCosts, partition: str | Sequence[int]) -> LayerCosts:

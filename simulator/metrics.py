@@ -29,6 +29,8 @@ from .trace import ALLREDUCE, COMPUTE, SEND, Trace
 
 @dataclass
 class RankMetrics:
+    """One rank's share of a Metrics: busy and idle seconds, idle / makespan, peak bytes."""
+
     rank: int
     busy: float
     idle: float
@@ -38,6 +40,8 @@ class RankMetrics:
 
 @dataclass
 class PathStep:
+    """One step of the critical path: an op computing or a transfer, start and end in seconds."""
+
     kind: str   # "compute" or "transfer"
     rank: int   # the rank computing, or the sender
     op: str
@@ -55,6 +59,19 @@ class PathStep:
 
 @dataclass
 class Metrics:
+    """Metrics of one trace (module doc; `metrics` / `compute_metrics` make it).
+
+    schedule, ranks, microbatches: what ran.
+    makespan: seconds from the first op's start to the step's end.
+    bubble_ratio: the idle fraction of ranks x makespan (0 to 1).
+    per_rank: RankMetrics per rank (busy, idle seconds, bubble ratio, peak memory bytes).
+    comm_time: seconds of all transfers summed; comm_hidden_fraction: the part of it
+        during which the receiving rank was computing (0 to 1).
+    critical_path: PathSteps from the first op to the last (empty without the graph).
+    allreduce_time: seconds of the data-parallel all-reduces summed; allreduce_exposed:
+        seconds they add to the step.
+    """
+
     schedule: str
     ranks: int
     microbatches: int

@@ -56,6 +56,19 @@ class Span(NamedTuple):
 
 @dataclass
 class Trace:
+    """What happened (or is predicted to happen) on each rank of one step: simulated
+    (`simulate`) and measured (`run`) runs give the same type (module doc).
+
+    schedule, ranks, microbatches: what ran; source: "simulated" or "measured".
+    Spans, one per array entry (column-wise): rank; lane (COMPUTE, SEND, RECV or
+    ALLREDUCE); op (index into SPAN_OPS: F, B, W, BW, R, then OPT); mb (microbatch);
+    stage (virtual stage); start and end (seconds from the step's start); peer (the
+    other rank of a transfer, -1 otherwise); overlapped (one of an overlapped pair).
+    memory: per rank, (times in seconds, bytes held from then on).
+    meta: anything else about the run (costs used, step times, ...).
+    `save` / `load` write and read `pipesched.trace/1` JSON files.
+    """
+
     schedule: str
     ranks: int
     microbatches: int

@@ -5,9 +5,11 @@
 (bits) are bytes per second. A plain number keeps the base unit: seconds, bytes,
 bytes per second. Anything else is a UnitError naming what was expected; the sign and
 finiteness are left to the option or cost field's own check, which names it.
+`fmt_seconds` and `fmt_bytes` write them back for people (messages, tables, figures).
 """
 from __future__ import annotations
 
+import math
 import re
 
 TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0}
@@ -63,3 +65,21 @@ def parse_bandwidth(text: str | float) -> float:
             raise UnitError(f"unknown bandwidth unit {unit!r} in {text!r}; use B/s, MB/s, GB/s, GiB/s or Gbit/s")
         number *= scale
     return number
+
+
+def fmt_seconds(x: float) -> str:
+    """Seconds in the unit that reads best (unit-time costs print as plain seconds)."""
+    if x == 0 or abs(x) >= 1 or not math.isfinite(x):
+        return f"{x:.6g} s"
+    if abs(x) >= 1e-3:
+        return f"{x * 1e3:.4g} ms"
+    return f"{x * 1e6:.4g} us"
+
+
+def fmt_bytes(x: float) -> str:
+    """Bytes in binary units (KiB = 1024 B)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024:
+            return f"{x:.0f} B" if unit == "B" else f"{x:.4g} {unit}"
+        x /= 1024
+    return f"{x:.4g} TiB"

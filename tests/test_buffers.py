@@ -12,7 +12,8 @@ from pipesched.schedules.graph import LOCAL
 from pipesched.schedules.registry import build
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostError, Link, Network, from_dict, load, to_dict, uniform
+from pipesched.simulator.cost_file import from_dict, load, to_dict
+from pipesched.simulator.costs import CostError, Link, Network, uniform
 from pipesched.simulator.exact import longest_path
 from pipesched.simulator.memory import buffer_intervals
 from pipesched.simulator.posting import receive_posts, unit_time_starts

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pipesched.simulator import costs as cost_files
+from pipesched.simulator import cost_file as cost_files
 from pipesched.simulator.costs import CostError, CostModel, StageCost, uniform
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from pipesched.cli import main
 from pipesched.schedules.registry import build
-from pipesched.simulator import costs as cost_files
+from pipesched.simulator import cost_file as cost_files
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostError, CostModel, DataParallel, StageCost, uniform
 from pipesched.simulator.metrics import compute_metrics

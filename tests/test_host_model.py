@@ -104,7 +104,7 @@ def test_interference_and_switching_slow_compute_down():
 
 
 def test_a_cost_file_round_trips_the_machine_model():
-    from pipesched.simulator.costs import from_dict as costs_from_dict, to_dict
+    from pipesched.simulator.cost_file import from_dict as costs_from_dict, to_dict
     costs = uniform(1, 2, 1, grad_accumulate=0.1, host=HostSharing(2, interference=0.1, pinned=True, switching=0.05),
                     host_overhead=HostOverhead(1e-5, 3e-4, 2e-4, 1e-4))
     assert costs_from_dict(to_dict(costs)) == costs
@@ -126,7 +126,8 @@ def test_ranks_sharing_a_gpu_share_only_their_ops_not_their_host_time():
 
 
 def test_a_shared_gpu_is_not_pinned_and_round_trips():
-    from pipesched.simulator.costs import CostError, from_dict as costs_from_dict, to_dict
+    from pipesched.simulator.costs import CostError
+    from pipesched.simulator.cost_file import from_dict as costs_from_dict, to_dict
     with pytest.raises(CostError, match="pinned"):
         HostSharing(1, pinned=True, gpu=True).check()
     with pytest.raises(CostError, match="gpu must be true or false"):

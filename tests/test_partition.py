@@ -12,8 +12,9 @@ import pytest
 
 from pipesched.cli import main
 from pipesched.schedules.registry import BUILDERS, build
-from pipesched.simulator.costs import CostError, CostModel, StageCost, from_dict, to_dict
-from pipesched.simulator.layers import LayerCosts, layers_from_dict
+from pipesched.simulator.costs import CostError, CostModel, StageCost
+from pipesched.simulator.cost_file import from_dict, layers_from_dict, to_dict
+from pipesched.simulator.layers import LayerCosts
 from pipesched.simulator.partition import (PartitionError, balanced_split, even_split, min_layers,
                                            stage_loads)
 

@@ -2,9 +2,11 @@
 import csv
 import io
 import json
+import re
 
 import pytest
 
+import pipesched as ps
 from pipesched.cli import main
 from pipesched.schedules import fileformat
 from pipesched.schedules.activations import peak_activations
@@ -119,7 +121,8 @@ def test_the_readme_first_sweep_shows_activations_not_zero_bytes(capsys):
     code, out, _ = cli(capsys, "sweep", "-p", 4, "--microbatches", 16, "--f", 1, "--b", 2, "--w", 1)
     assert code == 0 and "0 B" not in out
     line = next(x for x in out.splitlines() if x.startswith("1f1b "))
-    assert line.split()[1:4] == ["4", "1", "16"] and line.endswith("4 mb")
+    assert line.split()[1:4] == ["4", "1", "16"] and line.split()[-1] == "4"  # microbatches of activations
+    assert "activations (microbatches)" in out and not re.search(r"\bmb\b", out)  # not to be read as megabytes
 
 
 def test_sweep_varies_p_and_v_and_writes_v_in_the_csv(capsys, tmp_path):
@@ -132,3 +135,76 @@ def test_sweep_varies_p_and_v_and_writes_v_in_the_csv(capsys, tmp_path):
         ("interleaved-1f1b", "2", "1"), ("interleaved-1f1b", "2", "2"), ("zb-v", "2", "2"),
         ("interleaved-1f1b", "4", "1"), ("interleaved-1f1b", "4", "2"), ("zb-v", "4", "2")]
     assert [r["peak_activations"] for r in rows if r["schedule"] == "zb-v"] == ["2.0", "4.0"]
+
+
+def pareto_entries(out):
+    """The Pareto front's entries as printed, one per candidate."""
+    line = next(x for x in out.splitlines() if x.startswith("Pareto front"))
+    return re.findall(r"(\S+(?: \+R)? m=\d+ v=\d+) \(", line.split(": ", 1)[1])
+
+
+def test_plan_pareto_front_marks_recomputation_and_names_each_candidate_once(capsys):
+    args = ["plan", "-p", 4, "-m", 16, "-v", 2, "--max-activations", 3, "--f", 1, "--b", 2, "--w", 1]
+    code, out, err = cli(capsys, *args)
+    assert code == 0, err
+    code, doc, err = cli(capsys, *args, "--json")
+    front = json.loads(doc)["pareto"]
+    entries = pareto_entries(out)
+    assert len(entries) == len(front) == len(set(entries))  # none printed alike
+    assert [" +R " in e + " " for e in entries] == [c["recompute"] for c in front]
+    assert any(c["recompute"] for c in front)
+    assert not re.search(r"\bmb\b", out) and "microbatches of activations" in out
+
+
+def test_plan_says_when_memory_is_not_modelled_so_a_byte_limit_cannot_bind(capsys):
+    code, out, err = cli(capsys, "plan", "-p", 4, "-m", 8, "--f", 1, "--b", 1, "--w", 1, "--memory-limit", "1KiB")
+    assert code == 0, err
+    assert "memory is not modelled" in out and "cannot bind" in out
+    code, out, err = cli(capsys, "plan", "-p", 4, "-m", 8, *USER, *MEMORY, "--memory-limit", "40GiB")
+    assert code == 0 and "not modelled" not in out
+
+
+def test_plan_from_the_library_ranks_what_fits():
+    costs = ps.uniform_costs(1, 2, 1)
+    result = ps.plan(4, [8, 16], costs=costs, chunks=2, max_activations=3)
+    assert isinstance(result, ps.Plan) and result.best is result.fitting[0]
+    assert all(c.result.peak_activations <= 3 for c in result.fitting)
+    assert result.best.throughput() == max(c.throughput() for c in result.fitting)
+    assert not result.memory_modelled and {c.recompute for c in result.candidates} == {False, True}  # auto: both
+    again = ps.metrics(ps.simulate(result.best.result.schedule, costs))
+    assert again.makespan == pytest.approx(result.best.result.makespan)
+    assert all(c.result.peak_activations <= 3 for c in result.pareto)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"ranks": 0}, "ranks must be an integer >= 1"),
+    ({"microbatches": [8, 0]}, "microbatches must be"),
+    ({"chunks": "12"}, "chunks must be"),
+    ({"memory_limit": -1.0}, "memory_limit must be"),
+    ({"max_activations": 0.5}, "max_activations must be"),
+    ({"recompute": "sometimes"}, "recompute must be"),
+    ({"schedules": ["nope"]}, "unknown schedule 'nope'"),
+    ({"microbatch_size": 0}, "microbatch_size must be"),
+])
+def test_plan_from_the_library_checks_its_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ps.plan(**{"ranks": 4, "microbatches": 8, **kwargs})
+
+
+def test_plan_from_the_library_says_when_nothing_fits():
+    costs = ps.uniform_costs(1, 1, 1, activation_memory=2 * 2 ** 30, param_bytes=4 * 2 ** 30)
+    with pytest.raises(ps.BudgetError, match="no schedule fits"):
+        ps.plan(4, 8, costs=costs, memory_limit=4.5 * 2 ** 30)
+
+
+def test_sweep_from_the_library_is_what_the_command_prints():
+    rows = ps.sweep(4, 16, ["1f1b", "zb-v", "dualpipe"], costs=ps.uniform_costs(1, 2, 1))
+    assert [(r.point.schedule, r.v, r.activations) for r in rows] == [("1f1b", 1, 4), ("zb-v", 2, 4), ("dualpipe", 1, 5)]
+    assert [r.point.makespan for r in rows] == [76, 67, 67] and all(r.fits for r in rows)
+    both = ps.sweep([2, 4], [8], ["1f1b"], recompute="both", max_activations=3)
+    assert [(r.point.ranks, r.point.schedule, r.fits) for r in both] == [
+        (2, "1f1b", True), (2, "1f1b+recompute", True), (4, "1f1b", False), (4, "1f1b+recompute", True)]
+    for bad, message in (({"engine": "fast"}, "engine must be"), ({"chunks": 0}, "chunks must be"),
+                         ({"schedules": []}, "schedules is empty")):
+        with pytest.raises(ValueError, match=message):
+            ps.sweep(4, 8, **bad)

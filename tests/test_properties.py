@@ -8,7 +8,7 @@ from pipesched.schedules import fileformat
 from pipesched.schedules.ir import ScheduleError
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
-from pipesched.simulator import costs as cost_files
+from pipesched.simulator import cost_file as cost_files
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostError, Link, Network, uniform
 

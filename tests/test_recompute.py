@@ -26,7 +26,7 @@ from pipesched.schedules.ir import R, ScheduleError, Task
 from pipesched.schedules.recompute import add_recompute
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
-from pipesched.simulator import costs as cost_files
+from pipesched.simulator import cost_file as cost_files
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostError, uniform
 from pipesched.simulator.perfetto import to_chrome_trace

@@ -182,7 +182,7 @@ def test_a_coarser_run_gives_the_fixed_time_of_a_v2_calibration():
 
 
 def test_fixed_op_times_round_trip_through_a_cost_file():
-    from pipesched.simulator.costs import from_dict, to_dict
+    from pipesched.simulator.cost_file import from_dict, to_dict
 
     doc = to_dict(TRUTH)
     assert doc["fixed_op_times"]["backward_input"] == 0.3

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipesched.budget import Budget, build_within
-from pipesched.commands.sweep import sweep_rows
+import pipesched as ps
 from pipesched.schedules.bounded import Play, exact_bound, play_timed
 from pipesched.schedules.ir import looped_stages, uniform_paths, v_stages
 from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
+from pipesched.simulator.budget import Budget, build_within
 from pipesched.simulator.costs import CostModel, uniform
 from pipesched.simulator.metrics import compute_metrics
 
@@ -72,8 +72,8 @@ def test_zb_auto_in_a_sweep_is_the_schedule_it_is_alone():
     costs = CostModel().check()
     p, counts = 4, [4, 8]
     for v in (1, 2):
-        rows = sweep_rows(["gpipe", "1f1b", "interleaved-1f1b", "zb-h2", "zb-v", "v-half", "v-min", "zb-auto"],
-                          [p], counts, costs, [v], "exact")
+        rows = ps.sweep(p, counts, ["gpipe", "1f1b", "interleaved-1f1b", "zb-h2", "zb-v", "v-half", "v-min", "zb-auto"],
+                        costs=costs, chunks=v, engine="exact")
         for m in counts:
             alone = build_within("zb-auto", p, m, v, costs, Budget())
             row = next(r for r in rows if r.point.schedule == "zb-auto" and r.point.microbatches == m)

@@ -3,7 +3,7 @@ import pytest
 
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.validate import validate
-from pipesched.simulator import costs as cost_files
+from pipesched.simulator import cost_file as cost_files
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostError, HostSharing, uniform
 from pipesched.simulator.stochastic import sample_makespans

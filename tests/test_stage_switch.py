@@ -5,7 +5,8 @@ import pytest
 
 from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostError, CostModel, StageCost, StageSwitch, from_dict, to_dict
+from pipesched.simulator.costs import CostError, CostModel, StageCost, StageSwitch
+from pipesched.simulator.cost_file import from_dict, to_dict
 from pipesched.simulator.metrics import compute_metrics
 
 PLAIN = CostModel(stages=(StageCost(1.0, 1.0, 1.0),))

@@ -80,7 +80,8 @@ def test_run_refuses_bad_layer_counts_in_one_line(capsys, flags, message):
 
 def test_profiled_layers_give_a_cost_file_the_partitioner_splits():
     from pipesched.executor.layer_profile import profile_layers, with_measured_layers
-    from pipesched.simulator.costs import CostModel, StageCost, from_dict, to_dict
+    from pipesched.simulator.costs import CostModel, StageCost
+    from pipesched.simulator.cost_file import from_dict, to_dict
 
     model = ExampleModel("mlp", hidden=8, layers_per_stage=(2, 1), microbatch_size=2).build(2, 2)
     layers, split = profile_layers(model, repeats=1, warmup=0)

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from pipesched.cli import main
-from pipesched.simulator.costs import from_dict
+from pipesched.simulator.cost_file import from_dict
 from pipesched.simulator.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
 

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 
 from pipesched.executor.run_calibration import RUN_STEPS  # noqa: E402
-from pipesched.simulator.costs import load  # noqa: E402
+from pipesched.simulator.cost_file import load  # noqa: E402
 from pipesched.simulator.trace import Trace  # noqa: E402
 
 pytestmark = pytest.mark.distributed

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from pipesched.simulator.costs import save, to_dict
+from pipesched.simulator.cost_file import save, to_dict
 
 from ..errors import UsageError
 from ..executor_args import (add_calibration_args, add_executor_args, bucket_of, calibration_options,

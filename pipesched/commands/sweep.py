@@ -1,32 +1,28 @@
 """`pipesched sweep`: every schedule over rank counts, chunks per rank and microbatch
 counts: bubble, peak memory (bytes when the costs give them, and always microbatches of
-activations held) and makespan as a table, a comparison chart (--plot) and a CSV (--csv)."""
+activations held) and makespan as a table, a comparison chart (--plot) and a CSV (--csv).
+The sweep itself is the library's (`simulator.sweep`, `pipesched.sweep`); this command
+parses the options and prints and writes what it returns."""
 from __future__ import annotations
 
 import argparse
 import csv
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Callable, TextIO
+from dataclasses import asdict, fields, replace
+from typing import TextIO
 
-from pipesched.schedules.activations import peak_activations
-from pipesched.schedules.ir import ScheduleError
-from pipesched.schedules.registry import BUILDERS
-from pipesched.schedules.validate import validate
-from pipesched.schedules.zb_auto import builtin_candidates
 from pipesched.schedules.outputs import atomic_path
-from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostError, CostModel
-from pipesched.simulator.metrics import compute_metrics
+from pipesched.schedules.registry import BUILDERS
+from pipesched.simulator.budget import Budget
+from pipesched.simulator.sweep import SweepRow, default_schedules, sweep, sweep_size
 
-from ..budget import Budget, Evaluation, engine_for
-from ..errors import UsageError
 from .. import terminal
-from ..plots.points import SweepPoint
+from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds
 from ..options import (add_budget_args, add_cost_args, add_recompute_arg, budget_from_args, costs_from_args,
-                       load_schedule, parse_counts, recompute_modes)
+                       parse_counts, recompute_modes)
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
+ACTIVATIONS = "activations (microbatches)"  # the table's column of activations held
 
 
 def add_parser(sub) -> None:
@@ -50,8 +46,7 @@ def add_parser(sub) -> None:
 
 
 def parse_schedules(text: str | None) -> list[str]:
-    names = [n for n, b in BUILDERS.items() if not b.searches] if text is None else \
-        [x.strip() for x in text.split(",") if x.strip()]
+    names = default_schedules() if text is None else [x.strip() for x in text.split(",") if x.strip()]
     if not names:
         raise UsageError("--schedules is empty")
     unknown = [n for n in names if n not in BUILDERS]
@@ -66,88 +61,8 @@ def Progress(total: int, stream: TextIO | None = None, label: str = "sweep") -> 
     return terminal.Progress(label, total, stream, after_s=PROGRESS_AFTER_S)
 
 
-@dataclass
-class Row:
-    """One simulated point: the chart's SweepPoint plus what the chart does not draw.
-    `v`: chunks per rank; `activations`: most microbatches of one pipeline stage's
-    activations a rank holds (1F1B holds p); `fits`: within the memory budget; `recompute`:
-    every model stage recomputes (the point's schedule is named NAME+recompute)."""
-
-    point: object  # plots.sweep.SweepPoint
-    v: int | None
-    activations: float = float("nan")
-    fits: bool = True
-    recompute: bool = False
-
-
-def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], costs: CostModel,
-               chunks: list[int | None] | None = None, engine: str = "des",
-               progress: Callable[[int, str], None] | None = None, budget: Budget = Budget(),
-               recompute: tuple[bool, ...] = (False,)) -> list[Row]:
-    """Simulate every schedule at every p, v and m, without and/or with recomputation of
-    every model stage (`recompute`): a Row each (its point's `error` set where the
-    schedule cannot be built there). Schedules with a fixed v run once."""
-
-    rows = []
-    chunks = chunks or [None]
-    todo = [(name, p, v, m, rc) for p in ranks for name in schedules
-            for v in (chunks if BUILDERS[name].chunks is None else [None]) for m in microbatches for rc in recompute]
-    # zb-auto compares against every built-in at its p and m: hand it those built here, and
-    # their evaluations when this engine is the one it scores with (same numbers, not 1e-9
-    # apart); with recomputation it builds and scores its own
-    built: dict[tuple, dict] = {}     # (p, m) -> {(name, v as given to build): Schedule or ScheduleError}
-    seen: dict[int, Evaluation] = {}  # id(schedule) -> its evaluation
-    keep = any(BUILDERS[n].searches for n in schedules)
-    reuse = keep and engine == engine_for(costs)
-    for done, (name, p, v, m, rc) in enumerate(todo):
-        shown = name + "+recompute" if rc else name
-        if progress:
-            progress(done, f"{shown} p={p} m={m}" + (f" v={v}" if v else ""))
-        searches = BUILDERS[name].searches
-        fixed = BUILDERS[name].chunks or (BUILDERS[name].default_chunks if v is None and not searches else v)
-        if built and next(iter(built))[0] != p:  # the sweep moved on to another p: let go of the last one's
-            built.clear()
-            seen.clear()
-        here = built.setdefault((p, m), {}) if keep and not rc else {}
-        try:
-            if searches:
-                builtins = (builtin_candidates(p, m, (1, 2) if v is None else (v,), costs.op_time_for(p), here)
-                            if v in (None, 1, 2) and not rc else None)
-                schedule = load_schedule(name, p, m, v, costs, budget, rc, builtins, None if rc else seen)
-            else:
-                try:
-                    schedule = load_schedule(name, p, m, v, costs, Budget(), rc)
-                except ScheduleError as exc:
-                    here[name, v] = exc
-                    raise
-                here[name, v] = schedule
-            graph = validate(schedule)
-        except (ScheduleError, CostError, UsageError) as exc:  # CostError: e.g. calibrated model_stages for another S
-            rows.append(Row(SweepPoint(shown, p, m, error=str(exc)), fixed, recompute=rc))
-            continue
-        met = compute_metrics(simulate(graph, costs, engine=engine))
-        peak = max(r.peak_memory_bytes for r in met.per_rank)
-        acts = peak_activations(schedule)
-        if reuse and not searches and not rc:
-            seen[id(schedule)] = Evaluation(schedule, met.makespan, met.bubble_ratio, peak, acts,
-                                            budget.admits(peak, acts))
-        fits = ((budget.max_activations is None or acts <= budget.max_activations + 1e-9)
-                and (budget.memory_limit is None or peak <= budget.memory_limit))
-        rows.append(Row(SweepPoint(shown, p, m, met.makespan, met.bubble_ratio, peak, met.comm_hidden_fraction),
-                        schedule.num_model_stages // p, acts, fits, rc))
-    if progress:
-        progress(len(todo), "done")
-    return rows
-
-
-def sweep(schedules: list[str], ranks: int, microbatches: list[int], costs: CostModel,
-          chunks: int | None = None, engine: str = "des",
-          progress: Callable[[int, str], None] | None = None) -> list:
-    """The chart's SweepPoints at one p and v (see `sweep_rows`)."""
-    return [r.point for r in sweep_rows(schedules, [ranks], microbatches, costs, [chunks], engine, progress)]
-
-
-def write_csv(rows: list[Row], path: str) -> None:
+def write_csv(rows: list[SweepRow], path: str) -> None:
+    """One row per point: the SweepPoint's fields with v, the activations held and whether it fits."""
     point_fields = [x.name for x in fields(rows[0].point)]
     columns = point_fields[:2] + ["v"] + point_fields[2:-1] + ["peak_activations", "fits", point_fields[-1]]
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
@@ -181,10 +96,11 @@ def run(args: argparse.Namespace) -> int:
     costs = costs_from_args(args)
     if costs.host is not None and args.engine == "exact":
         raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (the default)")
-    total = len(ranks) * len(counts) * len(recompute_modes(args.recompute)) * sum(len(chunks) if BUILDERS[n].chunks is None else 1 for n in names)
-    bar = Progress(total)
+    bar = Progress(sweep_size(names, ranks, counts, chunks, recompute_modes(args.recompute)))
     try:
-        rows = sweep_rows(names, ranks, counts, costs, chunks, args.engine, bar, budget, recompute_modes(args.recompute))
+        rows = sweep(ranks, counts, names, costs=costs, chunks=None if args.chunks is None else chunks,
+                     engine=args.engine, max_activations=budget.max_activations, memory_limit=budget.memory_limit,
+                     recompute=args.recompute, progress=bar)
     finally:
         bar.close()
     if all(r.point.error for r in rows):
@@ -203,13 +119,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def show_table(rows: list[Row], budget: Budget) -> None:
+def show_table(rows: list[SweepRow], budget: Budget) -> None:
     """Memory in bytes when the costs give any, and always as microbatches of activations
     (so unit costs do not print "0 B" for every schedule)."""
     in_bytes = any(r.point.peak_memory > 0 for r in rows if not r.point.error)
     width = max([17] + [len(r.point.schedule) for r in rows])
     print(f"{'schedule':<{width}} {'p':>3} {'v':>2} {'m':>4}  {'makespan':>11}  {'bubble':>7}  "
-          + (f"{'peak memory':>12}  " if in_bytes else "") + f"{'activations':>11}" + ("  fits" if budget else ""))
+          + (f"{'peak memory':>12}  " if in_bytes else "") + f"{ACTIVATIONS:>{len(ACTIVATIONS)}}"
+          + ("  fits" if budget else ""))
     for r in rows:
         p = r.point
         lead = f"{p.schedule:<{width}} {p.ranks:>3} {r.v if r.v else '-':>2} {p.microbatches:>4}  "
@@ -217,6 +134,6 @@ def show_table(rows: list[Row], budget: Budget) -> None:
             print(f"{lead}skipped: {p.error}")
             continue
         print(lead + f"{fmt_seconds(p.makespan):>11}  {100 * p.bubble_ratio:>6.2f}%  "
-              + (f"{fmt_bytes(p.peak_memory):>12}  " if in_bytes else "") + f"{r.activations:>8g} mb"
+              + (f"{fmt_bytes(p.peak_memory):>12}  " if in_bytes else "") + f"{r.activations:>{len(ACTIVATIONS)}g}"
               + (("  yes" if r.fits else "  over") if budget else ""))
     print("activations: most microbatches of one pipeline stage's activations a rank holds, F to W (1F1B holds p)")

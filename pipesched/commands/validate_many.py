@@ -25,6 +25,7 @@ from ..formatting import fmt_rel, fmt_seconds
 from ..options import schedule_from_args
 from ..tables import print_costs
 from ..terminal import printable, wrote
+from .validate_out import check_out_folder, make_out_folder, run_into, write_results
 
 
 def is_list(text: str) -> bool:
@@ -34,8 +35,6 @@ def is_list(text: str) -> bool:
 
 def run_many(args: argparse.Namespace) -> int:
     """The `validate` command for a comma-separated list of schedules (module docstring)."""
-    from .validate import check_out_folder, make_out_folder, run_into, write_results
-
     items = [item.strip() for item in args.schedule.split(",")]
     if any(not item for item in items) or len(set(items)) != len(items):
         raise UsageError(f"SCHEDULE: expected distinct names or files separated by commas, got {args.schedule!r}")

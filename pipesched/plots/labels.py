@@ -2,7 +2,7 @@
 k-th microbatch when a row would carry more numbers than can be told apart."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -12,9 +12,6 @@ from pipesched.simulator.trace import Trace
 
 from .style import points_per_unit, text_color
 
-if TYPE_CHECKING:
-    from .rows import Boxes
-
 FONT_MAX, FONT_MIN = 7.5, 5.0   # points
 # along a row, at most one label per this many label lengths: numbers inside their boxes
 # can sit close; tags hide what is under them, so fewer
@@ -22,7 +19,18 @@ BOX_GAP, TAG_GAP = 1.8, 6.0
 STRIDES = (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100)
 
 
-def draw_labels(ax: Axes, trace: Trace, boxes: "Boxes", colors: np.ndarray) -> list[Text]:
+class Boxes(NamedTuple):
+    """Compute boxes as drawn, in data units: `idx` is each box's span; `y` and `h`
+    are per box; `x` and `w` are per span of the trace (index them with `idx`)."""
+
+    idx: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+    h: np.ndarray
+
+
+def draw_labels(ax: Axes, trace: Trace, boxes: Boxes, colors: np.ndarray) -> list[Text]:
     """Label `boxes` (data units on `ax`, whose limits and position are final) with
     their microbatch numbers: inside the boxes where a number fits (one size, smaller
     only in boxes lower than the rest); where boxes are too

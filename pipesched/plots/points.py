@@ -1,24 +1,11 @@
 """The points a sweep chart draws: plain data, no matplotlib, so the sweep command can
-collect them without importing a plotting library."""
+collect them without importing a plotting library. A `SweepPoint` is what
+`simulator.sweep` computes for one schedule at one number of microbatches."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from pipesched.simulator.sweep import SweepPoint
 
-
-@dataclass(frozen=True)
-class SweepPoint:
-    """One schedule at one number of microbatches. Seconds and bytes; `error` says why
-    the schedule could not be built there (the numbers are then nan)."""
-
-    schedule: str
-    ranks: int
-    microbatches: int
-    makespan: float = math.nan
-    bubble_ratio: float = math.nan
-    peak_memory: float = math.nan
-    comm_hidden_fraction: float = math.nan
-    error: str | None = None
+__all__ = ["SweepPoint", "pareto_front"]
 
 
 def pareto_front(points: list[SweepPoint]) -> list[SweepPoint]:

@@ -11,7 +11,6 @@ lane, its gradient all-reduces, under everything else.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -21,7 +20,7 @@ from pipesched.schedules.ir import OPS
 from pipesched.simulator.metrics import merged_intervals
 from pipesched.simulator.trace import ALLREDUCE, COMPUTE, RECV, SEND, SPAN_OPS, Trace
 
-from .labels import draw_labels
+from .labels import Boxes, draw_labels
 from .style import ALLREDUCE_COLOR, ARROW_COLOR, IDLE_COLOR, OP_COLORS, PAIR_EDGE, points_per_unit, shade
 
 
@@ -49,17 +48,6 @@ class RowLayout:
         """Per rank, the lower edge of everything drawn for it."""
         below = 2 * self.lane + self.dp
         return self.top + self.bar + (self.gap + below if below > 0 else 0.0)
-
-
-class Boxes(NamedTuple):
-    """Compute boxes as drawn, in data units: `idx` is each box's span; `y` and `h`
-    are per box; `x` and `w` are per span of the trace (index them with `idx`)."""
-
-    idx: np.ndarray
-    x: np.ndarray
-    y: np.ndarray
-    w: np.ndarray
-    h: np.ndarray
 
 
 def layout_for(ranks: int, lanes: bool = True, allreduce: bool = False) -> RowLayout:

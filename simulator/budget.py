@@ -4,6 +4,8 @@ Two limits, either or both: `max_activations` (microbatches of one pipeline stag
 activations held from F until W or BW, `schedules.activations`; 1F1B holds p) and
 `memory_limit` (bytes, against the simulator's memory: parameters, activations and
 communication buffers under the cost model). A schedule fits when it is within both.
+Units: seconds, bytes, microbatches of activations. A schedule over its budget is a
+`BudgetError`; costs whose times or memory overflow to infinity a `CostError`.
 """
 from __future__ import annotations
 
@@ -14,21 +16,41 @@ import numpy as np
 
 from pipesched.schedules.activations import peak_activations
 from pipesched.schedules.ir import Schedule
+from pipesched.schedules.numbers import is_real
 from pipesched.schedules.recompute import add_recompute
 from pipesched.schedules.registry import BUILDERS, build
 from pipesched.schedules.timeline import OpTime
 from pipesched.schedules.validate import validate
-from pipesched.simulator.api import exact_makespan, simulate
-from pipesched.simulator.costs import CostModel
-from pipesched.simulator.metrics import compute_metrics
 
-from .errors import UsageError
+from .api import exact_makespan, simulate
+from .costs import CostError, CostModel
+from .metrics import compute_metrics
+from .units import fmt_bytes
+
+OVERFLOW = "the costs are too large: predicted times or memory overflow to infinity"
+
+
+class BudgetError(ValueError):
+    """A schedule does not fit its memory budget (or none does); the message names its peak."""
 
 
 @dataclass(frozen=True)
 class Budget:
+    """A memory budget per rank: `max_activations` (microbatches of one pipeline stage's
+    activations, >= 1; 1F1B holds p) and `memory_limit` (bytes, > 0); None: no limit.
+    False when it has neither limit."""
+
     max_activations: float | None = None  # microbatches of one pipeline stage
     memory_limit: float | None = None     # bytes per rank
+
+    def check(self) -> "Budget":
+        """This budget, or ValueError naming a limit that is not a positive number."""
+        n, limit = self.max_activations, self.memory_limit
+        if n is not None and not (is_real(n) and math.isfinite(n) and n >= 1):
+            raise ValueError(f"max_activations must be a number >= 1 (microbatches), got {n!r}")
+        if limit is not None and not (is_real(limit) and math.isfinite(limit) and limit > 0):
+            raise ValueError(f"memory_limit must be a number of bytes > 0, got {limit!r}")
+        return self
 
     def __bool__(self) -> bool:
         return self.max_activations is not None or self.memory_limit is not None
@@ -38,7 +60,6 @@ class Budget:
         if self.max_activations is not None:
             parts.append(f"{self.max_activations:g} microbatches of activations")
         if self.memory_limit is not None:
-            from .formatting import fmt_bytes
             parts.append(fmt_bytes(self.memory_limit))
         return " and ".join(parts) or "no limit"
 
@@ -92,7 +113,7 @@ def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget()) ->
     makespan, bubble = metrics.makespan, metrics.bubble_ratio
     peak = max((r.peak_memory_bytes for r in metrics.per_rank), default=0.0)
     if not (math.isfinite(makespan) and math.isfinite(peak)):
-        raise UsageError("the costs are too large: predicted times or memory overflow to infinity")
+        raise CostError(OVERFLOW)
     acts = peak_activations(schedule)
     return Evaluation(schedule, makespan, bubble, peak, acts, budget.admits(peak, acts))
 
@@ -157,7 +178,7 @@ def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None 
                 with np.errstate(over="ignore", invalid="ignore"):
                     makespan = exact_makespan(candidate, costs)
                 if not math.isfinite(makespan):
-                    raise UsageError("the costs are too large: predicted times or memory overflow to infinity")
+                    raise CostError(OVERFLOW)
                 timed[id(schedule)] = (schedule, makespan)
             return timed[id(schedule)][1]
         ev = seen[id(schedule)] = replace(evaluate(candidate, costs, budget), built=schedule)
@@ -170,7 +191,7 @@ def build_within(name: str, ranks: int, microbatches: int, chunks: int | None, c
                  budget: Budget, builtins: list[Schedule] | None = None,
                  seen: dict[int, Evaluation] | None = None, recompute: bool = False) -> Schedule:
     """Build a built-in for `costs`; zb-auto searches under `budget`, any other schedule
-    is refused (UsageError) when it does not fit. With `recompute` every model stage
+    is refused (BudgetError) when it does not fit. With `recompute` every model stage
     recomputes (else the stages the costs mark): R ops are added after building, and
     cost-adaptive builders order for backwards that include their R."""
     op_time = recompute_op_time(costs.op_time_for(ranks), costs, ranks, recompute)
@@ -191,12 +212,11 @@ def build_within(name: str, ranks: int, microbatches: int, chunks: int | None, c
 
 
 def check_fits(schedule: Schedule, costs: CostModel | None, budget: Budget) -> None:
-    """UsageError naming the schedule's peak when it is over `budget`."""
+    """BudgetError naming the schedule's peak when it is over `budget`."""
     if not budget:
         return
     ev = evaluate(schedule, costs or CostModel(), budget)
     if not ev.fits:
-        from .formatting import fmt_bytes
-        raise UsageError(f"{schedule.name} does not fit the memory limit ({budget.describe()}): it holds "
+        raise BudgetError(f"{schedule.name} does not fit the memory limit ({budget.describe()}): it holds "
                          f"{ev.peak_activations:g} microbatches of activations, {fmt_bytes(ev.peak_bytes)} at peak; "
                          f"try zb-auto or `pipesched plan`")

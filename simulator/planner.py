@@ -1,0 +1,294 @@
+"""The planner: the fastest schedule that fits a memory budget per rank.
+
+`plan` builds every built-in schedule, and zb-auto searched under the budget, for the
+costs at each microbatch count and v asked for (without and/or with recomputation),
+simulates them, drops what does not fit, ranks the rest by throughput, and keeps the
+Pareto front of throughput against peak memory and the p95 makespan of the best few
+under jittered op times. `pipesched plan` prints it and writes the winner.
+
+Units: seconds, bytes, bytes per second; activations in microbatches of one pipeline
+stage (`schedules.activations`; 1F1B holds p); throughput in microbatches (or samples)
+per second.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from pipesched.schedules.ir import ScheduleError
+from pipesched.schedules.numbers import is_int
+from pipesched.schedules.registry import BUILDERS, build, check_known
+from pipesched.schedules.validate import validate
+
+from .budget import Budget, BudgetError, Evaluation, build_within, engine_for, evaluate, recompute_op_time, \
+    with_recompute
+from .costs import CostModel
+from .stochastic import makespan_stats
+from .units import fmt_bytes
+
+JITTER_RUNS, JITTER_CV, JITTER_TOP = 20, 0.1, 3  # p95 of the makespan for the best few
+RECOMPUTE_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+Progress = Callable[[int, str], None]
+"""progress(done, what): `done` of the candidates are built, `what` is the next."""
+
+
+@dataclass
+class Candidate:
+    """One schedule the planner built: built-in `schedule` at `microbatches` and `v`
+    chunks per rank, with every model stage recomputing its activations when
+    `recompute`. `result`: its simulated makespan (s), bubble, peak memory (bytes) and
+    activations (microbatches) and whether it fits the budget; None when it could not
+    be built (`error` says why). `p95`: seconds, the 95th percentile makespan under op
+    times jittered by JITTER_CV (the best JITTER_TOP fitting only, else None)."""
+
+    schedule: str
+    microbatches: int
+    v: int
+    result: Evaluation | None = None
+    error: str | None = None
+    p95: float | None = None
+    recompute: bool = False  # every model stage recomputes its activations (R ops)
+
+    def throughput(self, samples: int | None = None) -> float:
+        """Microbatches (or samples, given their size) per second."""
+        return self.microbatches * (samples or 1) / self.result.makespan
+
+    @property
+    def origin(self) -> str | None:
+        """What zb-auto built its winner from (a built-in's name or a play-out); None for others."""
+        if self.schedule != "zb-auto" or self.result is None:
+            return None
+        return self.result.schedule.params.get("origin")
+
+    @property
+    def label(self) -> str:
+        """The schedule as tables name it: zb-auto=NAME where zb-auto kept a built-in's
+        order, " +R" where every model stage recomputes."""
+        shown = f"zb-auto={self.origin}" if self.origin in BUILDERS else self.schedule
+        return shown + " +R" if self.recompute else shown
+
+    def to_dict(self, samples: int | None, budget: Budget) -> dict:
+        """A JSON-ready summary (seconds, bytes, microbatches; headroom against `budget`)."""
+        d = {"schedule": self.schedule, "microbatches": self.microbatches, "v": self.v, "recompute": self.recompute}
+        if self.result is None:
+            return {**d, "error": self.error}
+        r = self.result
+        d.update(makespan=r.makespan, throughput=self.throughput(samples), bubble=r.bubble,
+                 peak_memory=r.peak_bytes, peak_activations=r.peak_activations, fits=r.fits,
+                 headroom_bytes=None if budget.memory_limit is None else budget.memory_limit - r.peak_bytes,
+                 headroom_activations=None if budget.max_activations is None
+                 else budget.max_activations - r.peak_activations, p95=self.p95)
+        if self.schedule == "zb-auto":
+            d["origin"] = r.schedule.params.get("origin")
+        return d
+
+
+@dataclass
+class Plan:
+    """What `plan` found for `ranks` ranks under `budget`.
+
+    candidates: every (schedule, m, v, recompute) tried, in the order built.
+    fitting: the candidates within the budget, fastest (highest throughput) first.
+    best: fitting[0]; its `result.schedule` is the schedule to run.
+    pareto: fitting candidates no other beats on both throughput and peak memory,
+        by peak memory (bytes, then microbatches of activations).
+    rescued: (with, without) recomputation for every schedule, m and v that fits only
+        recomputing, fastest first.
+    memory_modelled: some candidate holds bytes at its peak; False when the costs give
+        no activation, parameter or transfer sizes, so a `memory_limit` cannot bind.
+    microbatch_size: samples per microbatch (throughput in samples/s), or None.
+    """
+
+    ranks: int
+    budget: Budget
+    candidates: list[Candidate]
+    fitting: list[Candidate]
+    pareto: list[Candidate]
+    rescued: list[tuple[Candidate, Candidate]]
+    memory_modelled: bool
+    microbatch_size: int | None = None
+    best: Candidate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.best = self.fitting[0]
+
+    def to_dict(self) -> dict:
+        """The plan as JSON-ready data: ranks, budget, best, candidates and pareto."""
+        samples, budget = self.microbatch_size, self.budget
+        return {"ranks": self.ranks, "budget": {"max_activations": budget.max_activations,
+                                                "memory_limit": budget.memory_limit},
+                "best": self.best.to_dict(samples, budget),
+                "candidates": [c.to_dict(samples, budget) for c in self.candidates],
+                "pareto": [c.to_dict(samples, budget) for c in self.pareto],
+                "memory_modelled": self.memory_modelled}
+
+
+def chunk_options(name: str, vs: Iterable[int]) -> list[int | None]:
+    """The v values to build `name` with: its fixed v when asked for, else each asked v
+    (zb-auto: 1 and 2 only)."""
+    b = BUILDERS[name]
+    if b.chunks is not None:
+        return [None] if b.chunks in vs else []
+    return [v for v in vs if not b.searches or v in (1, 2)]
+
+
+def search_size(names: list[str], counts: list[int], vs: list[int], recompute: tuple[bool, ...]) -> int:
+    """How many candidates `search` builds (for a progress bar)."""
+    return sum(len(chunk_options(n, vs)) for n in names) * len(counts) * len(recompute)
+
+
+def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs: CostModel,
+           budget: Budget, progress: Progress | None = None, cache: dict | None = None,
+           recompute: tuple[bool, ...] = (False,)) -> list[Candidate]:
+    """Every (schedule, m, v), built and simulated, for each recompute setting (True:
+    every model stage recomputes); zb-auto searched under `budget` against the built-ins
+    already built at that m, v and setting. `cache` (give the same dict to searches with
+    the same costs and other budgets) keeps built-ins and evaluations, which do not
+    depend on the budget. Arguments are not checked: see `plan`."""
+    cache = {} if cache is None else cache
+    builtins: dict = cache.setdefault("builtins", {})   # (name, m, v, recompute) -> Schedule or error
+    todo = [(name, m, v, rc) for m in counts for rc in recompute for name in names for v in chunk_options(name, vs)]
+    out: list[Candidate] = []
+    for done, (name, m, v, rc) in enumerate(todo):
+        seen: dict[int, Evaluation] = cache.setdefault(("seen", rc), {})  # one per setting: ids are not shared
+        op_time = recompute_op_time(costs.op_time_for(ranks), costs, ranks, rc)
+        if progress:
+            progress(done, f"{name} m={m}" + (f" v={v}" if v else "") + (" recompute" if rc else ""))
+        try:
+            if BUILDERS[name].searches:
+                others = [c.result.schedule for c in out if c.result and c.microbatches == m and c.v == v
+                          and c.recompute == rc]
+                schedule = build_within(name, ranks, m, v, costs, budget, builtins=others, seen=seen, recompute=rc)
+            else:
+                if (name, m, v, rc) not in builtins:
+                    try:
+                        builtins[name, m, v, rc] = with_recompute(build(name, ranks, m, v, op_time), costs, rc)
+                    except ScheduleError as exc:
+                        builtins[name, m, v, rc] = exc
+                schedule = builtins[name, m, v, rc]
+                if isinstance(schedule, ScheduleError):
+                    raise schedule
+        except ScheduleError as exc:
+            out.append(Candidate(name, m, v or BUILDERS[name].chunks or 1, error=str(exc), recompute=rc))
+            continue
+        ev = seen.get(id(schedule))
+        if ev is None:
+            ev = seen[id(schedule)] = evaluate(schedule, costs, budget)
+        # zb-auto renames the winner it scored; the fit is this budget's
+        result = Evaluation(schedule, ev.makespan, ev.bubble, ev.peak_bytes, ev.peak_activations,
+                            budget.admits(ev.peak_bytes, ev.peak_activations))
+        out.append(Candidate(name, m, schedule.num_model_stages // ranks, result, recompute=rc))
+    if progress:
+        progress(len(todo), "done")
+    return out
+
+
+def pareto(rows: list[Candidate], samples: int | None = None) -> list[Candidate]:
+    """Fitting candidates no other beats on both throughput and peak memory, by memory."""
+    key = lambda c: (c.result.peak_bytes, c.result.peak_activations)  # noqa: E731
+    front: list[Candidate] = []
+    for c in sorted(rows, key=lambda c: (key(c), -c.throughput(samples))):
+        if not front or c.throughput(samples) > front[-1].throughput(samples) * (1 + 1e-12):
+            front.append(c)
+    return front
+
+
+def recompute_rescues(found: list[Candidate]) -> list[tuple[Candidate, Candidate]]:
+    """(with, without) for every schedule, m and v that fits with recomputation and not without."""
+    without = {(c.schedule, c.microbatches, c.v): c for c in found if c.result and not c.recompute}
+    return [(c, without[c.schedule, c.microbatches, c.v]) for c in found
+            if c.result and c.recompute and c.result.fits and (c.schedule, c.microbatches, c.v) in without
+            and not without[c.schedule, c.microbatches, c.v].result.fits]
+
+
+def recompute_modes(recompute: bool | str, budget: Budget = Budget()) -> tuple[bool, ...]:
+    """The recompute settings to try: False or "off", True or "on", "both", or "auto"
+    (both under a memory budget, where recomputing can make a schedule fit, else off)."""
+    if recompute is True or recompute is False:
+        return (recompute,)
+    if recompute == "auto":
+        recompute = "both" if budget else "off"
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be True, False, 'off', 'on', 'both' or 'auto', got {recompute!r}")
+    return RECOMPUTE_MODES[recompute]
+
+
+def count_list(values, what: str, example: str) -> list[int]:
+    """Sorted distinct integers >= 1 from one integer or an iterable of them; ValueError otherwise."""
+    items = [values] if is_int(values) else list(values) if isinstance(values, Iterable) and \
+        not isinstance(values, (str, bytes)) else None
+    if not items or any(not is_int(x) or x < 1 for x in items):
+        raise ValueError(f"{what} must be an integer >= 1 or a list of them (e.g. {example}), got {values!r}")
+    return sorted(set(int(x) for x in items))
+
+
+def schedule_list(schedules: Iterable[str] | str | None, default: Iterable[str]) -> list[str]:
+    """Distinct built-in names in the order given (`default` when None); ScheduleError
+    naming the built-ins for an unknown one."""
+    names = list(default) if schedules is None else [schedules] if isinstance(schedules, str) else list(schedules)
+    if not names:
+        raise ValueError("schedules is empty; give built-in names (see pipesched.schedule_names())")
+    for name in names:
+        check_known(name)
+    return list(dict.fromkeys(names))
+
+
+def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *, costs: CostModel | None = None,
+         chunks: int | Iterable[int] = (1, 2), schedules: Iterable[str] | None = None,
+         max_activations: float | None = None, memory_limit: float | None = None,
+         recompute: bool | str = "auto", microbatch_size: int | None = None,
+         progress: Progress | None = None) -> Plan:
+    """The fastest schedule for `ranks` ranks that fits a memory budget per rank.
+
+    Builds every built-in in `schedules` (default: all, zb-auto last, searched under the
+    budget) at each microbatch count in `microbatches` (default 2 x ranks) and each v in
+    `chunks` (chunks per rank; a schedule with a fixed v is built when its v is asked
+    for, zb-auto takes 1 and 2), simulates them under `costs` (default: unit op times,
+    no transfers or memory), drops those over the budget and ranks the rest by
+    throughput (microbatches/s, or samples/s with `microbatch_size` samples per
+    microbatch); see `Plan`.
+
+    Budget, per rank: `max_activations` (microbatches of one pipeline stage's
+    activations, >= 1; 1F1B holds p) and `memory_limit` (bytes, > 0, against the
+    simulated peak of parameters, activations and transfer buffers). `recompute`: False
+    or "off", True or "on" (every model stage recomputes its activations), "both", or
+    "auto" (default: both under a budget, else off).
+
+    Constraints: ranks >= 1; microbatches and chunks integers >= 1 (one or a list);
+    microbatch_size an integer >= 1. `progress(done, what)` is called before each
+    candidate is built. Returns a `Plan`: makespans and p95 in seconds, peak memory in
+    bytes and in microbatches of activations, throughput per second. Raises ValueError
+    (ScheduleError for an unknown schedule name) on bad arguments, BudgetError when
+    nothing fits, CostError when the costs overflow.
+    """
+    if not is_int(ranks) or ranks < 1:
+        raise ValueError(f"ranks must be an integer >= 1, got {ranks!r}")
+    counts = [2 * ranks] if microbatches is None else count_list(microbatches, "microbatches", "[8, 16, 32]")
+    vs = count_list(chunks, "chunks", "[1, 2]")
+    if microbatch_size is not None and (not is_int(microbatch_size) or microbatch_size < 1):
+        raise ValueError(f"microbatch_size must be an integer >= 1 (samples), got {microbatch_size!r}")
+    if costs is not None and not isinstance(costs, CostModel):
+        raise ValueError(f"costs must be a CostModel, got {type(costs).__name__}")
+    names = schedule_list(schedules, BUILDERS)
+    names.sort(key=lambda n: (BUILDERS[n].searches, list(BUILDERS).index(n)))  # zb-auto last
+    budget = Budget(max_activations, memory_limit).check()
+    modes = recompute_modes(recompute, budget)
+    costs = CostModel().check() if costs is None else costs.check()
+    found = search(names, ranks, counts, vs, costs, budget, progress, recompute=modes)
+    built = [c for c in found if c.result]
+    samples = microbatch_size
+    fitting = sorted((c for c in built if c.result.fits), key=lambda c: -c.throughput(samples))
+    if not fitting:
+        least = min(built, key=lambda c: c.result.peak_bytes, default=None)
+        raise BudgetError(f"no schedule fits the memory budget ({budget.describe()})"
+                          + (f"; the smallest, {least.schedule} at m={least.microbatches}, holds "
+                             f"{least.result.peak_activations:g} microbatches of activations, "
+                             f"{fmt_bytes(least.result.peak_bytes)}" if least else ""))
+    engine = engine_for(costs)
+    for c in fitting[:JITTER_TOP]:
+        c.p95 = makespan_stats(validate(c.result.schedule), costs, JITTER_RUNS, JITTER_CV, 0, engine).p95
+    rescued = sorted(recompute_rescues(found), key=lambda pair: -pair[0].throughput(samples))
+    return Plan(ranks, budget, found, fitting, pareto(fitting, samples), rescued,
+                any(c.result.peak_bytes > 0 for c in built), samples)
+
