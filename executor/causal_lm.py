@@ -23,6 +23,8 @@ position). Tested with transformers 5.23; nothing is downloaded.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import statistics
 import time
 from dataclasses import dataclass
@@ -108,8 +110,19 @@ def _causal_mask(config: Any, h: Tensor, position_ids: Tensor) -> Tensor | None:
         from transformers.masking_utils import create_causal_mask
     except ImportError:  # older transformers: sdpa masks causally when given no mask
         return None
-    return create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, past_key_values=None,
-                              position_ids=position_ids)
+    # transformers 5.24 renamed past_key_values to cache (the old name warns, then goes in 5.40)
+    no_cache = {_cache_keyword(create_causal_mask): None}
+    return create_causal_mask(config=config, inputs_embeds=h, attention_mask=None, position_ids=position_ids,
+                              **no_cache)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(create_causal_mask: Any) -> str:
+    """The name create_causal_mask takes the cache by: `cache`, or `past_key_values` before."""
+    try:
+        return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"
 
 
 class Blocks(nn.Module):

@@ -13,12 +13,19 @@ Uses only pipesched's public API and command line. Writes into this folder:
   measured.png   predicted vs measured (`pipesched validate`): ZB-H1 on this machine (CPU,
                  gloo, one core per rank, so p=2 on two cores, an MLP of hidden size 512),
                  the simulation under costs calibrated on this machine beforehand against
-                 the executor's measured step of median makespan (of 9); only where torch
-                 is installed, otherwise a note says why not.
+                 the executor's measured step of median makespan (of 9); only with
+                 --measured and where torch is installed, otherwise a note says why not.
 All figures share one cost model (COSTS below), typical of a transformer stage.
+
+Every figure but measured.png is computed, not measured, and saved without dates or
+versions in the file (pipesched.plots.style.save), so a rerun on one machine writes the
+same bytes and `git status` shows only figures whose picture changed. measured.png is a
+real run: its timings, and so its bytes, differ on every run; it is left as it is unless
+--measured asks for a new run.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import subprocess
@@ -124,8 +131,18 @@ def measured() -> Path | None:
     return out
 
 
-def main() -> int:
-    for make in (schedules, dualpipe, recompute, sweep, vs_torch, measured):
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measured", action="store_true",
+                    help="also rerun `pipesched validate` for measured.png (a real run: new timings, new bytes)")
+    args = ap.parse_args(argv)
+    makers = [schedules, dualpipe, recompute, sweep, vs_torch]
+    if args.measured:
+        makers.append(measured)
+    else:
+        print("kept figures/measured.png: it is a real run whose timings differ every time; "
+              "--measured runs it again")
+    for make in makers:
         out = make()
         if out is not None:
             print(f"wrote {out.relative_to(HERE.parent)} ({out.stat().st_size // 1024} KiB)")

@@ -18,14 +18,37 @@ from typing import Iterator
 from .errors import INPUT_ERRORS, UsageError
 
 COMMANDS = ("list", "show", "simulate", "sweep", "plan", "plot", "run", "calibrate", "validate",
-            "import-torch", "export-torch")
+            "import-torch", "export-torch", "costs")
+
+
+class ArgumentError(UsageError):
+    """A usage error argparse found; `prog` (e.g. `pipesched simulate`) leads its line."""
+
+    def __init__(self, message: str, prog: str):
+        super().__init__(message)
+        self.prog = prog
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is a single line."""
+    """argparse, but a usage error is a single line: `PROG: error: MESSAGE`, where PROG is
+    `pipesched` or `pipesched COMMAND` (main prints it; the message does not repeat it)."""
 
     def error(self, message: str):  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        raise ArgumentError(message, self.prog)
+
+
+def version() -> str:
+    """The installed distribution's version; the package's own where it is not installed."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version as installed
+        try:
+            return installed("pipesched")
+        except PackageNotFoundError:
+            pass
+    except ImportError:
+        pass
+    from . import __version__
+    return __version__
 
 
 def available_commands() -> dict[str, object]:
@@ -41,6 +64,7 @@ def available_commands() -> dict[str, object]:
 
 def build_parser() -> Parser:
     parser = Parser(prog="pipesched", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"pipesched {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for name, module in available_commands().items():
@@ -79,10 +103,13 @@ def stop_signals_unwind() -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     try:
         with stop_signals_unwind():
-            args = build_parser().parse_args(argv)
+            try:
+                args = build_parser().parse_args(argv)
+            except SystemExit as done:  # --help or --version printed
+                return done.code if isinstance(done.code, int) else 0
             return int(args.handler(args) or 0)
     except INPUT_ERRORS as exc:
-        print(f"pipesched: error: {exc}", file=sys.stderr)
+        print(f"{getattr(exc, 'prog', None) or 'pipesched'}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pipesched.schedules.ir import ScheduleError
 from pipesched.schedules.outputs import OutputError
+from pipesched.simulator.budget import BudgetError
 from pipesched.simulator.costs import CostError
 from pipesched.simulator.trace import TraceError
 
@@ -14,4 +15,4 @@ class UsageError(ValueError):
 
 
 INPUT_ERRORS: tuple[type[BaseException], ...] = (UsageError, ScheduleError, CostError, TraceError,
-                                                     FigureError, OutputError)
+                                                     FigureError, OutputError, BudgetError)

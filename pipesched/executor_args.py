@@ -127,7 +127,7 @@ def import_executor(command: str) -> None:
         import pipesched.executor.job  # noqa: F401
         from pipesched.executor import progress
     except ImportError as exc:
-        raise UsageError(f"pipesched {command} needs torch (pip install 'pipesched[torch]'): {exc}") from None
+        raise UsageError(f"{command} needs torch (pip install 'pipesched[torch]'): {exc}") from None
     os.environ[progress.ENV] = "1"
 
 

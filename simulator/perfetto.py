@@ -129,7 +129,7 @@ def _events(trace: Trace, offset: float, pid_base: int, label: str, first_flow: 
     for i in range(len(trace)):
         r, lane, op = int(trace.rank[i]), int(trace.lane[i]), SPAN_OPS[trace.op[i]]
         mb, stage, peer = int(trace.mb[i]), int(trace.stage[i]), int(trace.peer[i])
-        args: dict[str, Any] = {"op": op, "mb": mb, "stage": stage}
+        args: dict[str, Any] = {"op": op, "microbatch": mb, "stage": stage}
         if lane == COMPUTE:
             name, cat = f"{op}{mb}", op
             if trace.overlapped[i]:

@@ -1,5 +1,6 @@
 """The pipesched command line for schedules and simulation: outputs and exit codes."""
 import json
+import re
 import subprocess
 import sys
 
@@ -77,6 +78,90 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     code, out, err = cli(capsys, *args)
     assert code == 2
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+PREFIX = re.compile(r"pipesched(?: [a-z-]+)?: ")  # "pipesched: " or "pipesched COMMAND: "
+
+
+@pytest.mark.parametrize("args", [
+    ["simulate", "1f1b", "-p", "two", "-m", "2"],  # a bad option value (argparse)
+    ["simulate", "1f1b", "-p", "2", "-m", "2", "--engine", "fast"],  # a bad choice (argparse)
+    ["simulate", "/no/such.json"],  # a missing file
+    ["simulate", "1f1b", "-p", "2", "-m", "2", "--costs", "/no/such.json"],
+    ["simulate", "nope", "-p", "2", "-m", "2"],  # a bad schedule name
+    ["frobnicate"],  # an unknown command
+    [],  # no command
+])
+def test_an_error_is_one_line_with_the_prefix_once(capsys, args):
+    code, _, err = cli(capsys, *args)
+    assert code == 2 and err.count("\n") == 1, err
+    assert PREFIX.match(err) and len(PREFIX.findall(err)) == 1, err
+    assert ": error: " in err
+
+
+def test_an_executor_command_without_torch_says_so_with_the_prefix_once(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pipesched.executor.job", None)  # import raises ImportError
+    code, _, err = cli(capsys, "run", "1f1b", "-p", "2", "-m", "2")
+    assert code == 2 and "run needs torch" in err and len(PREFIX.findall(err)) == 1, err
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    from importlib.metadata import version
+
+    code, out, _ = cli(capsys, "--version")
+    assert code == 0 and out.split() == ["pipesched", version("pipesched")]
+    done = subprocess.run([sys.executable, "-m", "pipesched", "--version"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["pipesched", version("pipesched")]
+
+
+def test_version_falls_back_to_the_package_when_not_installed(monkeypatch):
+    import importlib.metadata
+
+    import pipesched
+    from pipesched.cli import version
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert version() == pipesched.__version__
+
+
+def test_commands_write_temporary_files_where_the_suite_checks_them(session_temporary_directory):
+    # conftest's check: what a command leaves there (e.g. a pipesched-validate-* folder) fails its test
+    import os
+    import tempfile
+
+    assert tempfile.gettempdir() == os.environ["TMPDIR"] == str(session_temporary_directory)
+    done = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == str(session_temporary_directory)
+
+
+def test_simulate_prints_the_critical_path_in_the_tables_unit(capsys):
+    code, out, _ = cli(capsys, "simulate", "zb-h1", "-p", "2", "-m", "4", "--f", "1.2ms", "--b", "1.5ms", "--w",
+                       "0.7ms", "--bandwidth", "1e9", "--activation-bytes", "1e5")
+    (line,) = [line for line in out.splitlines() if line.startswith("critical path:")]
+    spans = re.findall(r"\((?:rank \d+|\d+->\d+), ([^)]*)\)", line)
+    assert code == 0 and len(spans) == 2, line
+    assert all(re.fullmatch(r"\d+(\.\d+)?-\d+(\.\d+)? ms", span) for span in spans), line
+    assert not re.search(r"\d\.\d{5,}|e-\d", line), line  # no raw seconds
+    # --json keeps seconds, as every number there
+    code, out, _ = cli(capsys, "simulate", "zb-h1", "-p", "2", "-m", "4", "--f", "1.2ms", "--json")
+    assert json.loads(out)["critical_path"][0].endswith("(rank 0, 0-0.0012)")
+
+
+@pytest.mark.parametrize("args", [
+    ["list"],
+    ["show", "zb-v", "-p", "2", "-m", "4"],
+    ["simulate", "zb-h1", "-p", "2", "-m", "4", "--f", "1ms", "--activation-bytes", "1MB"],
+    ["simulate", "1f1b", "-p", "2", "-m", "4", "--runs", "3"],
+])
+def test_microbatches_are_never_abbreviated_mb(capsys, args):
+    # "mb" reads as megabytes: outputs say microbatches, or m=
+    code, out, err = cli(capsys, *args)
+    assert code == 0 and not re.search(r"\bmbs?\b", out + err, re.IGNORECASE), out
 
 
 def test_bad_files_are_one_line_and_exit_2(capsys, tmp_path):

@@ -254,6 +254,32 @@ def test_cli_validates_a_preset(tmp_path):
     assert s["model"].startswith("hf-gpt2: 2 stages")
 
 
+@needs_hf
+def test_the_causal_mask_is_built_without_deprecated_arguments():
+    import warnings
+
+    from pipesched.executor.causal_lm import _causal_mask
+    config = transformers.LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, vocab_size=32)
+    h = torch.zeros(2, 4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        _causal_mask(config, h, torch.arange(4)[None])
+
+
+@needs_hf
+@pytest.mark.distributed
+def test_an_hf_llama_run_prints_no_future_warning():
+    # the launcher and every rank build the model: none of them may warn
+    proc = subprocess.run([sys.executable, "-m", "pipesched", "run", "1f1b", "-p", "2", "-m", "2", "--model",
+                           "hf-llama", "--hidden", "16", "--seq", "8", "--vocab", "64", "--steps", "1",
+                           "--warmup", "0", "--min-time", "0"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
+    assert proc.returncode == 0, proc.stderr
+    assert "FutureWarning" not in proc.stderr and "DeprecationWarning" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.distributed
 def test_cli_calibrates_a_user_function(tmp_path):
     doc = cli_json("calibrate", "zb-v", "-p", "2", "-m", "2", "--model", "models_for_cli:tied_lm", "--repeats", "1",

@@ -66,8 +66,8 @@ def test_every_send_has_one_flow_to_its_receive(contention):
         # each end binds to a slice at the same pid, tid, ts and category (as viewers match them)
         send, recv = slices[s["pid"], s["tid"], s["ts"], s["cat"]], slices[f["pid"], f["tid"], f["ts"], f["cat"]]
         assert send["args"]["peer"] == f["pid"] and recv["args"]["peer"] == s["pid"]
-        assert (send["args"]["op"], send["args"]["mb"], send["args"]["stage"]) == \
-            (recv["args"]["op"], recv["args"]["mb"], recv["args"]["stage"])
+        assert (send["args"]["op"], send["args"]["microbatch"], send["args"]["stage"]) == \
+            (recv["args"]["op"], recv["args"]["microbatch"], recv["args"]["stage"])
 
 
 @pytest.mark.parametrize("contention", [True, False])

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
+from matplotlib.text import Text
 
 from pipesched.plots import FigureError
 from pipesched.plots.compare import plot_compare
@@ -149,6 +150,61 @@ def test_sweep_chart_has_a_line_per_schedule_and_a_pareto_point_each():
     for ax, gid in zip(fig.axes, ("bubble", "memory")):
         assert len([l for l in ax.get_lines() if l.get_gid() == gid]) == 3
     assert len([l for l in fig.axes[2].get_lines() if l.get_gid() == "pareto"]) == 3
+
+
+# figures/sweep.png's right panel at m = 32 (seconds, GiB): a crowded corner of 8 schedules
+CROWDED = {"gpipe": (0.9962, 34.25), "1f1b": (1.1206, 6.25), "interleaved-1f1b": (0.9759, 7.75),
+           "looped-bfs": (0.9542, 34.25), "zb-h1": (0.9645, 6.125), "zb-h2": (0.9341, 9.125), "zb-v": (0.9476, 6.25),
+           "dualpipe": (0.991, 9.312), "dualpipev": (1.0809, 6.812), "v-half": (1.1532, 5.25), "v-min": (1.5971, 4.188)}
+
+
+def test_sweep_names_in_the_pareto_panel_overlap_nothing():
+    points = [SweepPoint(s, 4, 32, makespan=t, bubble_ratio=0.1, peak_memory=gib * 2**30)
+              for s, (t, gib) in CROWDED.items()]
+    fig = plot_sweep(points, pareto_m=32)
+    fig.canvas = FigureCanvasAgg(fig)
+    fig.canvas.draw()  # places the annotations
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[2]
+    names = [t for t in ax.texts if t.get_gid() == "name"]
+    named = {t.get_text() for t in names}
+    front = {p.schedule for p in pareto_front(points)}
+    assert front <= named and len(named) >= len(CROWDED) - 2  # the front always; at most two left to the legend
+    boxes = [Text.get_window_extent(t, renderer) for t in names]  # the name alone, not its leader line
+    frame = ax.get_window_extent(renderer)
+    for i, a in enumerate(boxes):
+        assert frame.x0 <= a.x0 and a.x1 <= frame.x1 and frame.y0 <= a.y0 and a.y1 <= frame.y1, names[i].get_text()
+        for j, b in enumerate(boxes[:i]):
+            assert not a.overlaps(b), (names[i].get_text(), names[j].get_text())
+    markers = {line: line.get_window_extent(renderer) for line in ax.get_lines() if line.get_gid() == "pareto"}
+    for text, box in zip(names, boxes):
+        hit = [m for m in markers.values() if box.overlaps(m)]
+        assert not hit, text.get_text()
+
+
+def test_figures_say_microbatches_not_mb():
+    import re
+
+    from pipesched.plots.gallery import plot_gallery
+
+    points = [SweepPoint(s, 4, m, makespan=10.0 * m + k, bubble_ratio=0.1, peak_memory=1e9 * (k + 1))
+              for k, s in enumerate(("1f1b", "zb-v")) for m in (4, 8)]
+    figures = [plot_timeline(trace_of("zb-v", 2, 4)), plot_gallery([trace_of("1f1b"), trace_of("zb-h1")]),
+               plot_sweep(points), plot_compare(trace_of("1f1b", 2, 4), trace_of("1f1b", 2, 4))]
+    for fig in figures:
+        fig.canvas = FigureCanvasAgg(fig)
+        fig.canvas.draw()  # tick labels exist once drawn
+        words = " ".join(t.get_text() for t in fig.findobj(Text))
+        assert not re.search(r"\bmbs?\b", words, re.IGNORECASE), words
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_a_figure_saved_twice_is_the_same_bytes(tmp_path, suffix):
+    # no dates or versions in the files: figures/make_figures.py rewrites only what changed
+    first, second = tmp_path / f"a{suffix}", tmp_path / f"b{suffix}"
+    plot_timeline(trace_of("zb-v", 2, 4), first)
+    plot_timeline(trace_of("zb-v", 2, 4), second)
+    assert first.read_bytes() == second.read_bytes()
 
 
 def test_pareto_front_keeps_only_points_nothing_beats_on_both_axes():

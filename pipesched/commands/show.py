@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
           f"{schedule.num_model_stages} model stages on {len(schedule.stages)} virtual stages, "
           f"{len(schedule.paths)} path{'s' if len(schedule.paths) > 1 else ''}, {len(graph.tasks)} ops")
     print("ops: F forward, B input backward, W weight backward, BW full backward, R recompute-forward, X+Y overlapped; "
-          "opMB@stage")
+          "F3@1 = F of microbatch 3 on virtual stage 1")
     for r, (units, stages) in enumerate(zip(graph.rank_units, schedule.stages_by_rank())):
         held = ", ".join(f"{s} (model {schedule.stages[s].model_stage})" for s in stages)
         print(f"rank {r} [stages {held}]:")

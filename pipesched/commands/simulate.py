@@ -10,7 +10,7 @@ import numpy as np
 from pipesched.schedules.validate import validate
 from pipesched.simulator.api import simulate
 from pipesched.simulator.layers import OBJECTIVE_LABELS, split_summary
-from pipesched.simulator.metrics import Metrics, compute_metrics
+from pipesched.simulator.metrics import Metrics, PathStep, compute_metrics
 from pipesched.simulator.stochastic import makespan_stats
 from pipesched.simulator.trace import Trace
 
@@ -74,7 +74,24 @@ def print_table(m: Metrics, engine: str, model_stages: int, data_parallel: dict 
     xfers = len(m.critical_path) - ops
     busy = sum(s.end - s.start for s in m.critical_path if s.kind == "compute")
     print(f"critical path: {ops} ops and {xfers} transfers, compute {fmt_seconds(busy)} of "
-          f"{fmt_seconds(m.makespan)}; starts with {m.critical_path[0]}, ends with {m.critical_path[-1]}")
+          f"{fmt_seconds(m.makespan)}; starts with {fmt_step(m.critical_path[0])}, "
+          f"ends with {fmt_step(m.critical_path[-1])}")
+
+
+def fmt_step(step: PathStep) -> str:
+    """A critical-path step as `str(step)` says it (--json keeps that, in seconds), its
+    start and end in the unit the tables use: e.g. `F0@0 (rank 0, 0-1.5 ms)`."""
+    where = f"rank {step.rank}" if step.kind == "compute" else f"{step.rank}->{step.peer}"
+    verb = "" if step.kind == "compute" else "send "
+    return f"{verb}{step.op}{step.mb}@{step.stage} ({where}, {fmt_span(step.start, step.end)})"
+
+
+def fmt_span(start: float, end: float) -> str:
+    """`start-end` in the one unit fmt_seconds would write the longer of them in."""
+    unit = fmt_seconds(max(abs(start), abs(end))).rsplit(" ", 1)[1]
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    digits = ".6g" if unit == "s" else ".4g"
+    return f"{start * scale:{digits}}-{end * scale:{digits}} {unit}"
 
 
 def print_split(split: dict) -> None:

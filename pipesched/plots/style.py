@@ -100,8 +100,10 @@ def save(fig: Figure, path: str | Path) -> Path:
         if suffix == ".png":
             _save_png(fig, tmp)
         else:
-            # no dates or versions in the file, so regenerated figures only change when the picture does
-            fig.savefig(tmp, dpi=DPI, metadata=_NO_STAMP[suffix])
+            # no dates or versions in the file, and SVG ids from a fixed salt rather than at random,
+            # so regenerated figures only change when the picture does
+            with matplotlib.rc_context({"svg.hashsalt": "pipesched"}):
+                fig.savefig(tmp, dpi=DPI, metadata=_NO_STAMP[suffix])
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.transforms
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -134,28 +135,98 @@ def _pareto(ax: Axes, points: list[SweepPoint], styles: dict, div: float, unit: 
     pad_y = max(float(np.ptp(ys)), float(ys.max()) * 0.05) * 0.15
     ax.set_xlim(xs.min() - pad_x, xs.max() + 2.5 * pad_x)  # room for the names
     ax.set_ylim(ys.min() - pad_y, ys.max() + pad_y)
-    _name_points(ax, ok, xs, ys, on_front)
-    ax.text(0.99, 0.02, f"fastest: {min(ok, key=lambda p: p.makespan).schedule} "
-            f"({fmt_seconds(min(p.makespan for p in ok))})", transform=ax.transAxes, ha="right", fontsize=7,
-            color="0.35")
+    note = f"fastest: {min(ok, key=lambda p: p.makespan).schedule} ({fmt_seconds(min(p.makespan for p in ok))})"
+    frame = ax.get_window_extent().transformed(matplotlib.transforms.Affine2D().scale(72 / ax.figure.dpi))
+    note_box = (frame.x1 - 4 - _text_width(note, 7), frame.y0, frame.x1, frame.y0 + 4 + 7 * 1.3)
+    _name_points(ax, ok, xs, ys, on_front, keep_clear=[note_box])
+    ax.text(0.99, 0.02, note, transform=ax.transAxes, ha="right", fontsize=7, color="0.35")
 
 
-def _name_points(ax: Axes, points: list[SweepPoint], xs: np.ndarray, ys: np.ndarray, best: set[int]) -> None:
-    """Write each schedule's name right of its point, moved up or down until it does
-    not cover an earlier name (the axes' limits and position must be final)."""
-    fontsize = 7.0
-    to_pt = ax.transData.transform  # display units are points at 72 dpi
-    ratio = 72 / ax.figure.dpi
-    placed: list[tuple[float, float, float, float]] = []
-    for k in np.argsort(-ys):
-        x, y = to_pt((xs[k], ys[k])) * ratio
-        w, h = 0.6 * fontsize * len(points[k].schedule), fontsize * 1.15
-        for dy in (0, -h, h, -2 * h, 2 * h, -3 * h, 3 * h):
-            box = (x + 5, y + dy - h / 2, x + 5 + w, y + dy + h / 2)
-            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
-                break
-        placed.append(box)
-        ax.annotate(points[k].schedule, (xs[k], ys[k]), xytext=(5, dy), textcoords="offset points",
-                    va="center", fontsize=fontsize, color="0.1" if id(points[k]) in best else "0.45",
-                    arrowprops=dict(arrowstyle="-", color="0.6", lw=0.5, shrinkA=0, shrinkB=3) if dy else None,
-                    bbox=dict(boxstyle="square,pad=0.05", facecolor="white", edgecolor="none", alpha=0.7))
+LABEL_FONT = 7.0  # points
+LABEL_PAD = 1.5  # points between a name and anything it must not cover
+MARKER_HALF = 4.5  # points: half a Pareto marker (ms=7 plus its edge)
+
+
+def _name_points(ax: Axes, points: list[SweepPoint], xs: np.ndarray, ys: np.ndarray, best: set[int],
+                 keep_clear: list[tuple[float, float, float, float]] | None = None) -> list:
+    """Write each schedule's name by its point where it covers no other name, no point
+    and nothing in `keep_clear` (boxes in points), inside the axes: right of the point
+    if it fits, else left, else moved away with a thin leader line, nearest place
+    first. The Pareto front is named first, then the rest fastest first; a name with
+    no free place is left out (the legend still names the marker). Returns the
+    annotations. The axes' limits and position must be final."""
+    ratio = 72 / ax.figure.dpi  # display units -> points
+    at = ax.transData.transform(np.column_stack([xs, ys])) * ratio
+    frame = ax.get_window_extent().transformed(matplotlib.transforms.Affine2D().scale(ratio))
+    taken = [(x - MARKER_HALF, y - MARKER_HALF, x + MARKER_HALF, y + MARKER_HALF) for x, y in at]
+    taken += list(keep_clear or [])
+    order = sorted(range(len(points)), key=lambda k: (id(points[k]) not in best, ys[k]))
+    h = LABEL_FONT * 1.2
+    names = []
+    for k in order:
+        x, y = at[k]
+        w = _text_width(points[k].schedule, LABEL_FONT)
+        place = _free_place(x, y, w, h, taken, (frame.x0, frame.y0, frame.x1, frame.y1), skip=k)
+        if place is None:
+            continue
+        dx, dy, box = place
+        taken.append(box)
+        lead = abs(dy) > h / 2 or abs(dx) > 8
+        names.append(ax.annotate(
+            points[k].schedule, (xs[k], ys[k]), xytext=(dx, dy), textcoords="offset points", va="center",
+            ha="left" if dx > 0 else "right", fontsize=LABEL_FONT, gid="name",
+            color="0.1" if id(points[k]) in best else "0.45",
+            arrowprops=dict(arrowstyle="-", color="0.6", lw=0.5, shrinkA=0, shrinkB=MARKER_HALF) if lead else None,
+            bbox=dict(boxstyle="square,pad=0.05", facecolor="white", edgecolor="none", alpha=0.7)))
+    return names
+
+
+def _free_place(x: float, y: float, w: float, h: float, taken: list, frame: tuple, skip: int):
+    """(dx, dy, box) of the nearest place for a w x h name by the point at (x, y) that
+    overlaps nothing in `taken` but the point's own marker (index `skip`), inside
+    `frame`; None if there is none."""
+    candidates = []
+    for dx in (6.0, 14.0, 26.0, 42.0):
+        for step in range(0, 7):
+            for sign in ((1,) if step == 0 else (-1, 1)):
+                dy = sign * step * h
+                candidates.append((dx, dy))
+                candidates.append((-dx, dy))
+    candidates.sort(key=lambda c: (abs(c[0]) + abs(c[1]), c[0] < 0))
+    for dx, dy in candidates:
+        x0 = x + dx if dx > 0 else x + dx - w
+        box = (x0 - LABEL_PAD, y + dy - h / 2 - LABEL_PAD, x0 + w + LABEL_PAD, y + dy + h / 2 + LABEL_PAD)
+        if box[0] < frame[0] or box[2] > frame[2] or box[1] < frame[1] or box[3] > frame[3]:
+            continue
+        if any(_overlap(box, other) for i, other in enumerate(taken) if i != skip):
+            continue
+        if (abs(dy) > h / 2 or abs(dx) > 8) and _leader_crosses(x, y, x0 if dx > 0 else x0 + w, y + dy, taken, skip):
+            continue
+        return dx, dy, box
+    return None
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _leader_crosses(x0: float, y0: float, x1: float, y1: float, taken: list, skip: int) -> bool:
+    """Whether the leader line from a point to its name runs through another box (once
+    clear of the point's own marker, which may touch its neighbours')."""
+    for t in np.linspace(0.0, 1.0, 24)[1:-1]:
+        px, py = x0 + t * (x1 - x0), y0 + t * (y1 - y0)
+        if abs(px - x0) < MARKER_HALF + LABEL_PAD and abs(py - y0) < MARKER_HALF + LABEL_PAD:
+            continue
+        if any(b[0] - LABEL_PAD < px < b[2] + LABEL_PAD and b[1] - LABEL_PAD < py < b[3] + LABEL_PAD
+               for i, b in enumerate(taken) if i != skip):
+            return True
+    return False
+
+
+def _text_width(text: str, fontsize: float) -> float:
+    """The width in points of `text` at `fontsize` in the default font."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    width, _, _ = TextToPath().get_text_width_height_descent(text, FontProperties(size=fontsize), ismath=False)
+    return float(width)
