@@ -157,6 +157,10 @@ def test_validate_several_schedules_from_one_calibration(tmp_path):
     assert ranking["measured"] == sorted(measured, key=measured.get)
     assert ranking["pick_over_fastest"] == pytest.approx(
         measured[ranking["predicted_fastest"]] / measured[ranking["measured_fastest"]] - 1)
+    sure = ranking["confidence"]  # the predicted lead against the error known for those schedules
+    assert sure["pick"] == ranking["predicted_fastest"] and sure["runner_up"] == ranking["predicted"][1]
+    assert sure["gap"] == pytest.approx(predicted[sure["runner_up"]] / predicted[sure["pick"]] - 1)
+    assert sure["settled"] == (sure["gap"] > sure["error"]) and sure["to_measure"][0] == sure["pick"]
     for s in doc["schedules"]:
         assert abs(s["makespan_rel_error"]) < 0.3 and s["loss_matches_reference"], s["schedule"]
         assert len(s["measured_makespans"]) >= 3 and (tmp_path / s["schedule"] / "validate.png").exists()

@@ -6,14 +6,15 @@ same network (an example model is split for each: v = 2 schedules get half the b
 per model stage), a step of each in turn, so a host whose speed drifts slows them all
 alike. Printed per schedule: predicted and measured makespan, the error, the replay's
 error and how far the run's even and odd steps are apart (the measurement against
-itself); then the predicted and the measured fastest, and how far the predicted pick
-measured from the fastest. Each schedule's files go to --out/NAME/; --json prints
+itself); then the predicted and the measured fastest, how far the predicted pick
+measured from the fastest, and how sure the pick was (`simulator.confidence`: the
+predicted lead against the error known for those schedules, and which to measure when it
+is within it). Each schedule's files go to --out/NAME/; --json prints
 {"schedules": [validate's document per schedule], "ranking": {...}}.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..executor_args import (calibration_options, check_launchable_ranks, import_executor, model_from_args,
                              prepare_checked, run_options)
-from ..formatting import fmt_rel, fmt_seconds
+from ..formatting import fmt_rel, fmt_seconds, json_text
 from ..options import schedule_from_args
 from ..tables import print_costs
 from ..terminal import printable, wrote
@@ -70,9 +71,9 @@ def run_many(args: argparse.Namespace) -> int:
         summaries.append(summary)
         for warning in summary["warnings"]:
             print(f"pipesched: warning: {printable(result.measured.schedule)}: {warning}", file=sys.stderr)
-    ranking = ranking_of(summaries)
+    ranking = ranking_of(summaries, results[0].shared, results[0].costs.host is not None and results[0].costs.host.gpu)
     if args.json:
-        print(json.dumps({"schedules": summaries, "ranking": ranking}, indent=1))
+        print(json_text({"schedules": summaries, "ranking": ranking}))
         wrote(out, ", ".join(f"{name}/" for name in folders), to_stderr=True)
     else:
         print_costs(results[0].costs)
@@ -82,17 +83,40 @@ def run_many(args: argparse.Namespace) -> int:
     return 1 if any(c is not None and not (c.loss_matches and c.grads_match) for c in checks) else 0
 
 
-def ranking_of(summaries: list[dict]) -> dict:
-    """The schedules fastest first by prediction and by measurement, and how much longer
-    (relative) the predicted fastest measured than the measured fastest."""
+def ranking_of(summaries: list[dict], shared_cores: bool = False, gpu: bool = False) -> dict:
+    """The schedules fastest first by prediction and by measurement, how much longer
+    (relative) the predicted fastest measured than the measured fastest, and how sure the
+    pick was from the prediction alone (`confidence`; None on GPUs, where this predictor's
+    error per schedule has no record)."""
+    from pipesched.simulator.confidence import pick_confidence
+
     def order(side: str) -> list[str]:
         return [s["schedule"] for s in sorted(summaries, key=lambda s: s[side]["makespan"])]
 
     measured = {s["schedule"]: s["measured"]["makespan"] for s in summaries}
+    predicted = {s["schedule"]: s["predicted"]["makespan"] for s in summaries}
     predicted_order, measured_order = order("predicted"), order("measured")
+    confidence = None if gpu else pick_confidence(predicted, shared_cores).to_dict()
     return {"predicted": predicted_order, "measured": measured_order,
             "predicted_fastest": predicted_order[0], "measured_fastest": measured_order[0],
-            "pick_over_fastest": measured[predicted_order[0]] / measured[measured_order[0]] - 1}
+            "pick_over_fastest": measured[predicted_order[0]] / measured[measured_order[0]] - 1,
+            "confidence": confidence, "shared_cores": shared_cores}
+
+
+def confidence_line(ranking: dict) -> str:
+    """One line: how sure the predicted pick is, and what to measure when it is not."""
+    c = ranking["confidence"]
+    if c is None:
+        return "how sure: this predictor's error per schedule has no record on GPUs: measure the leaders"
+    if c["runner_up"] is None:
+        return "how sure: one schedule, nothing to choose"
+    where = "ranks sharing cores" if ranking["shared_cores"] else "a core per rank"
+    head = (f"how sure: {printable(c['pick'])} predicted {100 * c['gap']:.1f} % ahead of "
+            f"{printable(c['runner_up'])}; their predictions are known to miss by up to {100 * c['error']:.1f} % "
+            f"(75th percentile, CPUs, {where})")
+    if c["settled"]:
+        return head + ": the prediction settles it"
+    return head + ": not settled by the prediction; measure " + ", ".join(printable(n) for n in c["to_measure"])
 
 
 def print_table(summaries: list[dict], ranking: dict) -> None:
@@ -106,6 +130,7 @@ def print_table(summaries: list[dict], ranking: dict) -> None:
     pick, best = ranking["predicted_fastest"], ranking["measured_fastest"]
     print(f"fastest predicted: {printable(pick)}; measured: {printable(best)}"
           + ("" if pick == best else f" (the predicted pick measured {100 * ranking['pick_over_fastest']:.1f} % longer)"))
+    print(confidence_line(ranking))
     print("note: two schedules whose measured makespans differ by less than their runs' halves are apart "
           "are within this machine's noise")
 

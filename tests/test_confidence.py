@@ -1,0 +1,37 @@
+"""How sure a predicted pick is: the predicted lead against the error known per schedule."""
+import pytest
+
+from pipesched.simulator.confidence import KNOWN_ERROR, known_error, pick_confidence
+
+
+def test_a_lead_larger_than_both_known_errors_settles_the_pick():
+    sure = pick_confidence({"zb-h1": 1.0, "1f1b": 1.10, "gpipe": 1.30})
+    assert (sure.pick, sure.runner_up) == ("zb-h1", "1f1b")
+    assert sure.gap == pytest.approx(0.10) and sure.error == pytest.approx(0.028)
+    assert sure.settled and sure.to_measure == ("zb-h1",)
+
+
+def test_a_lead_within_the_known_error_names_the_schedules_to_measure():
+    # ZB-V is known to miss by up to 6.9 % on its own cores, DualPipe by 8.4 %
+    sure = pick_confidence({"zb-v": 1.0, "dualpipe": 1.05, "zb-h1": 1.08, "gpipe": 1.5})
+    assert not sure.settled and sure.error == pytest.approx(0.084)
+    assert sure.to_measure == ("zb-v", "dualpipe")  # ZB-H1, 8 % behind, is beyond ZB-V's 6.9 %
+    assert pick_confidence({"zb-v": 1.0, "zb-h1": 1.08}).settled
+
+
+def test_ranks_sharing_cores_widen_the_error():
+    assert known_error("interleaved-1f1b", shared_cores=True) > known_error("interleaved-1f1b", shared_cores=False)
+    predicted = {"1f1b": 1.0, "interleaved-1f1b": 1.10}
+    assert pick_confidence(predicted).settled and not pick_confidence(predicted, shared_cores=True).settled
+
+
+def test_an_unknown_schedule_gets_the_largest_two_chunk_error():
+    assert known_error("v-half", False) == max(KNOWN_ERROR[s][0] for s in ("interleaved-1f1b", "zb-v", "dualpipev"))
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError):
+        pick_confidence({})
+    with pytest.raises(ValueError):
+        pick_confidence({"1f1b": 0.0, "zb-h1": 1.0})
+    assert pick_confidence({"1f1b": 2.0}).settled
