@@ -110,7 +110,7 @@ KINDS = ("setup", "run", "validate", "layer", "torch-runtime")
 DEPENDENCIES = {"torch": "torch", "simpy": "simpy", "networkx": "networkx", "numpy": "numpy",
                 "matplotlib": "matplotlib", "transformers": "transformers"}
 WHEEL_DIRS = (".whl", "shared/wheels", "wheels")
-DEFAULT_ESTIMATOR = "pipesched.simulator.whatif:estimate_layer"
+DEFAULT_ESTIMATOR = "gpu_check:estimate_layer"  # this file's, on pipesched.simulator.estimate
 RESERVE = 3.0  # seconds kept for the final line and the summary
 
 # ops per rank and step in executor_vs_torch's cases, in units of m: host time per op
@@ -614,6 +614,31 @@ def plan(mode: Mode, schedules: tuple[str, ...]) -> list[Step]:
 
 
 # ---------------------------------------------------------------- the layer worker (a subprocess)
+
+
+def estimate_layer(hidden: int, seq: int, microbatch_size: int, dtype: str, device_name: str) -> dict:
+    """The cluster what-if estimate (`pipesched.simulator.estimate`) of the Llama block
+    profiled here (hf-llama's shapes: FFN 4 x hidden, heads of 32, eager kernels, math
+    attention) on the GPU kind named like `device_name`: F, B, W seconds and the bytes F
+    keeps, at the default efficiency, nothing fitted to this machine."""
+    from pipesched.simulator.estimate import Setup, estimate
+    from pipesched.simulator.hardware import hardware
+    from pipesched.simulator.model_config import from_hf_dict
+
+    name = device_name.lower()
+    kind = "h200" if "h200" in name else "a100-80gb" if "a100" in name else "h100-sxm"
+    heads = max(1, hidden // 32)
+    config = from_hf_dict({"model_type": "llama", "num_hidden_layers": 1, "hidden_size": hidden,
+                           "intermediate_size": 4 * hidden, "num_attention_heads": heads,
+                           "num_key_value_heads": heads, "vocab_size": 8192, "tie_word_embeddings": False,
+                           "max_position_embeddings": max(seq, 16)}, "hf-llama block")
+    dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    setup = Setup(seq=seq, microbatch_size=microbatch_size, dtype=dtypes.get(dtype, dtype), kernels="eager",
+                  attention="math")
+    layer = estimate(config, setup, hardware(kind)).layer
+    return {"gpu_kind": kind, "F": layer.forward.total, "B": layer.backward_input.total,
+            "W": layer.backward_weight.total, "saved_bytes": sum(layer.saved.values()),
+            "activation_memory": layer.activation_memory}
 
 
 def cluster_estimate_hook(spec: str, measured: dict) -> dict | None:

@@ -47,6 +47,7 @@ __all__ = [
     "build", "schedule_names", "check_schedule", "load_schedule", "save_schedule",
     # costs and the simulator
     "CostModel", "StageCost", "DataParallel", "CostError", "uniform_costs", "load_costs", "save_costs",
+    "estimate_costs",
     "simulate", "Trace", "TraceError", "Metrics", "metrics", "Comparison", "compare", "plot",
     "replay", "ReplayError",
     # choosing a schedule
@@ -168,6 +169,24 @@ def save_costs(costs: CostModel, path: str | Path) -> None:
     from .simulator import cost_file
 
     cost_file.save(costs, path)
+
+
+def estimate_costs(model: str | Path | dict, gpu: str | Path = "h100-sxm", **setup: Any) -> CostModel:
+    """Costs of a cluster you do not have (docs/cluster.md): `model` is a preset name
+    (`llama3-70b`, `gpt3-175b`, ...), a Hugging Face config.json or its dict; `gpu` a GPU
+    kind (`a100-80gb`, `h100-sxm`, `h200`) or a hardware file; `setup` the keywords of
+    `pipesched.simulator.estimate.Setup` (seq, microbatch_size, dtype, tp, sp, recompute,
+    dp, zero, ...). A CostModel stating the model layer by layer, per GPU."""
+    from .simulator.estimate import Setup, estimate
+    from .simulator.hardware import GPU_KINDS, hardware, load_hardware
+    from .simulator.model_config import PRESETS, from_hf_dict, load_hf_config, preset
+
+    if isinstance(model, dict):
+        config = from_hf_dict(model)
+    else:
+        config = preset(str(model)) if str(model).lower() in PRESETS else load_hf_config(model)
+    hw = hardware(str(gpu)) if str(gpu).lower() in GPU_KINDS else load_hardware(gpu)
+    return estimate(config, Setup(**setup), hw).cost_model()
 
 
 def metrics(trace: Trace, schedule: Schedule | TaskGraph | None = None) -> Metrics:
