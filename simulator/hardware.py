@@ -49,22 +49,17 @@ A hardware file (TOML, or JSON) overrides any of these (units as in cost files):
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pipesched.schedules.documents import read_document
 from pipesched.schedules.numbers import is_int, is_real
 
 from .costs import Link
 from .units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 __all__ = ["GpuKind", "Hardware", "HardwareError", "GPU_KINDS", "DEFAULT_EFFICIENCY", "hardware", "load_hardware",
            "parse_flops", "DTYPES"]
@@ -231,19 +226,5 @@ def with_overrides(base: Hardware | None, data: Any, where: str = "hardware") ->
 
 def load_hardware(path: str | Path, base: Hardware | None = None) -> Hardware:
     """A hardware file (TOML when the name ends in .toml, else JSON) over `base`."""
-    path = Path(path)
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise HardwareError(f"hardware file {str(path)!r} is over 1 MiB")
-        text = path.read_text()
-        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
-    except OSError as exc:
-        raise HardwareError(f"cannot read hardware file {str(path)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise HardwareError(f"hardware file {str(path)!r} is not UTF-8 text") from None
-    except RecursionError:
-        raise HardwareError(f"hardware file {str(path)!r} nests too deeply") from None
-    except ValueError as exc:
-        raise HardwareError(f"hardware file {str(path)!r} is not valid "
-                            f"{'TOML' if path.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
-    return with_overrides(base, data, f"hardware file {path.name}")
+    data = read_document(path, "hardware file", HardwareError, MAX_FILE_BYTES)
+    return with_overrides(base, data, f"hardware file {Path(path).name}")

@@ -21,11 +21,12 @@ field and its bound for anything unusable.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from pipesched.schedules.documents import read_document
 
 from pipesched.schedules.numbers import is_int
 
@@ -266,19 +267,7 @@ def from_hf_dict(d: Any, name: str = "config.json") -> ModelConfig:
 
 def load_hf_config(path: str | Path) -> ModelConfig:
     """Read a Hugging Face `config.json` (ModelConfigError for an unreadable or unusable file)."""
-    path = Path(path)
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ModelConfigError(f"{str(path)!r} is over {MAX_CONFIG_BYTES // 2 ** 20} MiB: not a model config")
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ModelConfigError(f"cannot read model config {str(path)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ModelConfigError(f"model config {str(path)!r} is not UTF-8 text") from None
-    except RecursionError:
-        raise ModelConfigError(f"model config {str(path)!r} nests too deeply") from None
-    except ValueError as exc:
-        raise ModelConfigError(f"model config {str(path)!r} is not valid JSON: {exc}") from None
+    data = read_document(path, "model config", ModelConfigError, MAX_CONFIG_BYTES, toml=False)
     return from_hf_dict(data, str(path))
 
 
