@@ -113,7 +113,9 @@ def link_groups(links: list[tuple[int, int]]) -> dict[tuple[int, int], object]:
 class GlooTransport:
     """gloo transfers of `rank`; `device` is where compute runs (CPU or a CUDA device
     whose tensors are staged through host memory). `groups`: the process group of each
-    directed link (src, dst); the default group where one is missing."""
+    directed link (src, dst); the default group where one is missing. `tag_offset` is
+    added to every tag (the runtime alternates it step by step, so a message of the next
+    step never matches a receive of this one when steps run without a barrier)."""
 
     def __init__(self, rank: int, timeout: float, ledger: MemoryLedger, device: torch.device, transfers: int,
                  groups: dict[tuple[int, int], object] | None = None):
@@ -126,12 +128,13 @@ class GlooTransport:
         self.done: list[Done] = []
         self.errors: list[str] = []
         self.lock = threading.Lock()
+        self.tag_offset = 0
 
     def post_recvs(self, items: list[tuple[Transfer, TensorSpec]]) -> None:
         for transfer, spec in items:
             buf = torch.empty(spec.shape, dtype=spec.dtype)
             pending = _Pending(transfer, buf, self.ledger.hold(buf), None, now())
-            pending.work = dist.irecv(buf, transfer.peer, tag=transfer.edge,
+            pending.work = dist.irecv(buf, transfer.peer, tag=transfer.edge + self.tag_offset,
                                       group=self.groups.get((transfer.peer, self.rank)))
             self.recvs[transfer.edge] = pending
 
@@ -156,7 +159,7 @@ class GlooTransport:
         for transfer, tensor in items:
             host = tensor.detach().to("cpu").contiguous()
             pending = _Pending(transfer, host, self.ledger.hold(host), None, now())
-            pending.work = dist.isend(host, transfer.peer, tag=transfer.edge,
+            pending.work = dist.isend(host, transfer.peer, tag=transfer.edge + self.tag_offset,
                                       group=self.groups.get((self.rank, transfer.peer)))
             self.handed_over += now() - pending.posted
             with self.lock:

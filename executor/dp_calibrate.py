@@ -49,7 +49,7 @@ from .solo_calibration import CalibrationOptions, _free_running
 from .clock import now
 from .data_parallel import Layout, allreduce_bucket, bucket_buffer, dp_groups, sgd_step, trainable
 from .job import RunOptions, RunResult, run_schedule
-from .launch import RankContext
+from .launch import RankContext, deadline
 from .placement import host_cores
 from .links import fit_link
 from .models import ExampleModel, PipelineModel, check_model
@@ -96,7 +96,8 @@ def measure_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | Ex
     layout = Layout(ctx.rank, p, replicas)
     m = schedule.microbatches * replicas
     built = model.build(schedule.num_model_stages, m) if isinstance(model, ExampleModel) else model
-    specs = check_model(built, schedule.num_model_stages, m)
+    with deadline(ctx.timeout, "the model check"):  # the model's own forward: a hang is cut
+        specs = check_model(built, schedule.num_model_stages, m)
     own = sorted({schedule.stages[s].model_stage for s in schedule.stages_of_rank(layout.pipeline_rank)})
     stages = {k: stage_for_profiling(built, specs, k, ctx.device) for k in own}
     group = dp_groups(p, replicas)[layout.pipeline_rank]

@@ -63,6 +63,47 @@ class HFModel:
     def heads(self) -> int:
         return max(1, self.hidden // 32)
 
+    def layers(self, num_model_stages: int) -> int:
+        counts = self.layers_per_stage
+        return sum(counts) if isinstance(counts, tuple) else counts * num_model_stages
+
+    def param_count(self, layers: int) -> int:
+        """Parameters of the whole model of `layers` blocks, counted, not built: Llama's
+        blocks have 16 h^2 + 2 h (attention 4 h^2, gated MLP 12 h^2, two norms) and its
+        embedding and head V h each; GPT-2's 12 h^2 + 13 h, one tied V h table and seq
+        x h positions."""
+        h, v = self.hidden, self.vocab
+        if self.kind == "hf-llama":
+            return layers * (16 * h * h + 2 * h) + 2 * v * h + h
+        return layers * (12 * h * h + 13 * h) + v * h + self.seq * h + 2 * h
+
+    def launcher_bytes(self, num_model_stages: int, microbatches: int) -> int:
+        """Bytes the launcher holds to build and check the model: its parameters, the
+        tokens, and one microbatch through it with autograd (each block's activations,
+        its attention scores, the logits and their softmax)."""
+        item = DTYPES[self.dtype].itemsize
+        b, s, h, v = self.microbatch_size, self.seq, self.hidden, self.vocab
+        layers = self.layers(num_model_stages)
+        check = item * (layers * b * s * (24 * h + self.heads * s) + 3 * b * s * v)
+        return self.param_count(layers) * item + check + 8 * microbatches * b * (s + 1)
+
+    def check_fits(self, num_model_stages: int, microbatches: int, rank_copies: float, memory: int | None) -> None:
+        """ModelError, before anything is built, when the launcher's copy and check
+        (`launcher_bytes`) and the ranks' parameters and gradients (`rank_copies` copies
+        of the model's) need more than `memory` bytes (None: unknown, not checked)."""
+        check_layer_counts(self.layers_per_stage, num_model_stages if isinstance(self.layers_per_stage, tuple)
+                           else None, least=0)
+        check_layer_counts(self.layers(num_model_stages), least=0)  # the blocks in all
+        if memory is None:
+            return
+        params = self.param_count(self.layers(num_model_stages)) * DTYPES[self.dtype].itemsize
+        need = self.launcher_bytes(num_model_stages, microbatches) + 2 * rank_copies * params
+        if need > memory:
+            raise ModelError(f"{self.kind} with --hidden {self.hidden}, --vocab {self.vocab}, --seq {self.seq} and "
+                             f"{self.layers(num_model_stages):,} blocks needs about {need / 2**30:,.1f} GiB on this "
+                             f"host ({params / 2**30:,.1f} GiB of parameters) and {memory / 2**30:,.1f} GiB are "
+                             "available: use a smaller --hidden, --vocab or --seq, or fewer --layers-per-stage")
+
     def causal_lm(self, layers: int) -> nn.Module:
         """The whole model (`layers` blocks), initialised from the seed, in `dtype`."""
         transformers = import_transformers()

@@ -30,9 +30,9 @@ from . import reference, replicas
 from . import progress
 from .clock import clock_offset
 from .data_parallel import Layout, last_weight_tasks, replica_model
-from .launch import (RankContext, available_memory, check_backend, check_launchable, launch_local, run_here,
-                     under_torchrun)
-from .models import ExampleModel, ModelError, PipelineModel, TensorSpec, check_model
+from .launch import (RankContext, available_memory, check_backend, check_launchable, deadline, launch_local,
+                     run_here, under_torchrun)
+from .models import ExampleModel, ModelError, PipelineModel, TensorSpec, check_layer_counts, check_model
 from .runtime import RankRuntime, RankStep
 
 MEMORY_COUNTED = ("bytes of tensors saved for backward (saved-tensor hooks) and of the gradients a split B "
@@ -49,9 +49,12 @@ class RunOptions:
     program units ahead (< 0: all at the step's start); `clock_ping`: estimate clock
     offsets even on one host; `dp`: data-parallel replicas (p x dp processes);
     `bucket_bytes`: all-reduce bucket size in bytes (None: a model stage's gradients at
-    once); `lr`: the SGD learning rate under data parallelism (0: weights unchanged).
+    once); `lr`: the SGD learning rate under data parallelism (0: weights unchanged);
+    `step_barrier`: "all" (every rank waits for the others before each step) or "none"
+    (a rank starts its next step as soon as its own step, optimizer step included, is
+    done; steps back to back, `simulator.steps`).
     `checked()` raises ValueError for dp < 1, bucket_bytes <= 0, a negative or infinite
-    min_time, or max_steps < steps."""
+    min_time, max_steps < steps, or another step_barrier."""
 
     steps: int = 1               # measured steps, at least
     warmup: int = 0
@@ -64,6 +67,7 @@ class RunOptions:
     dp: int = 1                  # data-parallel replicas (p x dp processes; the batch is dp x m microbatches)
     bucket_bytes: float | None = None  # all-reduce buckets (None: a model stage's gradients at once)
     lr: float = 0.0              # the SGD step's learning rate under data parallelism (0: weights unchanged)
+    step_barrier: str = "all"    # "all": a barrier before each step; "none": steps back to back
 
     def checked(self) -> "RunOptions":
         if not isinstance(self.dp, int) or isinstance(self.dp, bool) or self.dp < 1:
@@ -74,6 +78,8 @@ class RunOptions:
             raise ValueError(f"min_time must be finite and >= 0 (seconds), got {self.min_time!r}")
         if self.max_steps < self.steps:
             raise ValueError(f"max_steps ({self.max_steps}) must be at least steps ({self.steps})")
+        if self.step_barrier not in ("all", "none"):
+            raise ValueError(f"step_barrier must be 'all' or 'none', got {self.step_barrier!r}")
         return self
 
 
@@ -84,8 +90,10 @@ class RunResult:
     `backend`; `check`: loss and gradients against the unpipelined model (None when not
     checked); `per_rank`: per rank, busy and idle seconds, bubble ratio, peak bytes, ops,
     host time per op and waiting seconds;
-    `step_traces`: every measured step's trace, in order. `summary()` is the
-    `pipesched run --json` document."""
+    `step_traces`: every measured step's trace, in order; `period`: seconds from one
+    step's start to the next on rank 0's clock, the median over the measured steps
+    (None with one measured step): with `step_barrier` "none", the period of steps back
+    to back. `summary()` is the `pipesched run --json` document."""
 
     trace: Trace                 # the measured step a run reports (`representative_step`; meta["step"] says which)
     metrics: Metrics
@@ -94,6 +102,8 @@ class RunResult:
     check: reference.Check | None
     per_rank: list[dict] = field(default_factory=list)
     step_traces: list[Trace] = field(default_factory=list)  # every measured step's, in order
+    period: float | None = None  # seconds per step: median of rank 0's step-start differences
+    step_barrier: str = "all"
 
     @property
     def step_time_median(self) -> float:
@@ -108,6 +118,8 @@ class RunResult:
                "makespan": m.makespan, "bubble_ratio": m.bubble_ratio,
                "comm_time": m.comm_time, "comm_hidden_fraction": m.comm_hidden_fraction,
                "op_time_mean": t.meta["op_time_mean"], "per_rank": self.per_rank,
+               "step_barrier": self.step_barrier, "period": self.period,
+               "throughput": None if not self.period else t.microbatches / self.period,
                "max_grad_rel_error": None, "loss_matches_reference": None}
         if "data_parallel" in t.meta:
             out["data_parallel"] = {**t.meta["data_parallel"], "allreduce_time": m.allreduce_time,
@@ -139,6 +151,7 @@ def check_fits_host(schedule: Schedule, model: ExampleModel, dp: int = 1) -> Non
     gradients on every local rank (each virtual stage's, so DualPipe's two replicas count
     twice; times the data-parallel replicas), plus the one copy this process builds to
     check the model, exceed the memory available on this host. Not under torchrun."""
+    check_layer_counts(model.layers_per_stage, schedule.num_model_stages)  # at most MAX_BLOCKS, before counting
     memory = available_memory()
     if memory is None or under_torchrun():
         return
@@ -187,7 +200,8 @@ class OpenRun:
         if built is None:  # `built`: the model already built for this split (`share_built_models`)
             built = model.build(schedule.num_model_stages, m) if isinstance(model, ExampleModel) else model
         self.built = built
-        self.specs = check_model(built, schedule.num_model_stages, m)
+        with deadline(options.timeout, "the model check"):  # the model's own forward: a hang is cut
+            self.specs = check_model(built, schedule.num_model_stages, m)
         layout = Layout(ctx.rank, schedule.ranks, d)
         mine = replica_model(built, layout.replica, d) if d > 1 else built
         self.offset = clock_offset(ctx.rank, ctx.world, options.clock_ping,
@@ -203,9 +217,11 @@ class OpenRun:
         return len(self.records) >= self.wanted
 
     def step(self) -> None:
-        """Collective: one step (warm-up or measured); after the first measured one, the
-        steps `options.min_time` asks for are agreed."""
-        dist.barrier()
+        """Collective: one step (warm-up or measured), after a barrier unless
+        `options.step_barrier` is "none"; after the first measured one, the steps
+        `options.min_time` asks for are agreed."""
+        if self.options.step_barrier == "all":
+            dist.barrier()
         self.records.append(self.runtime.step())
         name, options = self.schedule.name, self.options
         progress.say(self.ctx.rank, f"{name}: step {len(self.records)}/{self.wanted} took "
@@ -369,8 +385,15 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
                                    "grad_bytes": [stage_bytes.get(k, 0) for k in range(sched.num_model_stages)]}
     if ctx.device.type == "cuda":
         shared["cuda_max_memory_allocated"] = [r.cuda_max_memory_allocated for r in reports]
+    starts = [start for start, _ in reports[0].bounds]  # rank 0's clock
+    period = statistics.median(b - a for a, b in zip(starts, starts[1:])) if len(starts) > 1 else None
+    shared["step_losses"] = [_step_loss(everyone, i, sched.ranks, sched.microbatches, options.dp)
+                             for i in range(steps)]
     for i, t in enumerate(traces):  # "started": seconds on rank 0's clock, to order steps of runs in turn
         t.meta.update(shared, step=i, started=min(r.bounds[i][0] for r in everyone))
+        if options.step_barrier == "none" and period:  # metrics then report the period and throughput
+            t.meta["steps"] = {"count": 1, "barrier": "none", "microbatches": sched.microbatches, "period": period,
+                               "period_method": "measured", "step_makespan": makespans[i]}
     metrics = compute_metrics(trace, graph)
     check = None
     if options.check:
@@ -379,18 +402,23 @@ def _result(graph: TaskGraph, model: PipelineModel, specs: list[TensorSpec], ctx
         p = sched.ranks  # every replica's every holder: the same gradients, bit for bit
         identical = all(_same(everyone[q * p + r].grads[k], grads[k]) for k, ranks in holders.items()
                         for r in ranks for q in range(options.dp))
-        # replica q's microbatch i is the batch's q * m + i
-        losses = {q * sched.microbatches + mb: v for q in range(options.dp) for r in everyone[q * p:(q + 1) * p]
-                  for mb, v in r.steps[-1].losses.items()}
-        loss = 0.0
-        for mb in sorted(losses):  # in microbatch order, as the reference adds them
-            loss += losses[mb]
-        check = reference.compare(model, loss, grads, identical)
+        check = reference.compare(model, shared["step_losses"][-1], grads, identical)
     per_rank = [{"rank": r, "busy": rm.busy, "idle": rm.idle, "bubble_ratio": rm.bubble_ratio,
                  "peak_memory_bytes": rm.peak_memory_bytes, "ops": len(rep.steps[median].compute),
                  "overhead_per_op": rep.overhead_per_op, "wait_time": rep.steps[median].host_wait_time}
                 for r, (rm, rep) in enumerate(zip(metrics.per_rank, reports))]
-    return RunResult(trace, metrics, step_times, ctx.backend, check, per_rank, traces)
+    return RunResult(trace, metrics, step_times, ctx.backend, check, per_rank, traces, period, options.step_barrier)
+
+
+def _step_loss(reports: list[RankReport], i: int, p: int, m: int, dp: int) -> float:
+    """The whole batch's loss in measured step i: every microbatch's, added in order."""
+    # replica q's microbatch i is the batch's q * m + i
+    losses = {q * m + mb: v for q in range(dp) for r in reports[q * p:(q + 1) * p]
+              for mb, v in r.steps[i].losses.items()}
+    loss = 0.0
+    for mb in sorted(losses):  # in microbatch order, as the reference adds them
+        loss += losses[mb]
+    return loss
 
 
 def measured_trace(graph: TaskGraph, steps: list[tuple[float, RankStep]]) -> Trace:

@@ -25,6 +25,7 @@ import ctypes
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -218,9 +219,84 @@ def die_with_parent(parent: int, control) -> None:
         os._exit(1)
 
 
+class ModelCodeError(ExecutorError):
+    """The model's own code failed in a rank (its unpickling raised, its check hung past
+    --timeout): bad input, exit status 2."""
+
+    exit_status = 2
+
+
+class _Report(str):
+    """A rank's error message that says it is the model's fault (`ModelCodeError`)."""
+
+
+class _Deferred:
+    """A rank's job and arguments, pickled when the rank is started (as spawn would, with
+    torch's shared-memory reductions) but unpickled by the rank itself, inside `_child`:
+    an object whose unpickling fails (a model's __setstate__) is then the rank's one-line
+    error, not a traceback from multiprocessing's bootstrap."""
+
+    def __init__(self, value: Any = None, data: bytes | None = None, label: str = "the job"):
+        self.value, self.data, self.label = value, data, label
+
+    def __reduce__(self):
+        from multiprocessing.reduction import ForkingPickler
+        return (_Deferred, (None, bytes(ForkingPickler.dumps(self.value)), self.label))
+
+    def load(self, rank: int) -> Any:
+        if self.data is None:
+            return self.value
+        try:
+            return pickle.loads(self.data)
+        except Exception as exc:  # noqa: BLE001 - whatever the unpickled objects raise
+            raise ModelCodeError(f"rank {rank}: {self.label} cannot be unpickled in the rank: "
+                                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+
+
+def _label(args: tuple) -> str:
+    """What a rank's messages call the job's model: "the model NAME" for a PipelineModel."""
+    names = [getattr(a, "name", "") for a in args if type(a).__name__ == "PipelineModel"]
+    return f"the model {names[0]}" if names and names[0] else "the job"
+
+
+_REPORT: tuple[int, Any] | None = None
+"""(rank, report connection) of the local rank this process runs, for `deadline`."""
+
+
+@contextmanager
+def deadline(seconds: float, what: str) -> Iterator[None]:
+    """In a rank: when the block (the model's own code, e.g. the model check) runs past
+    `seconds`, say so (to the launcher, or on stderr under torchrun) and exit the rank;
+    the launcher then stops the others. Its waits are bounded by the transport's timeout,
+    but a hung forward waits on nothing."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(seconds):
+            return
+        message = f"{what} did not finish within --timeout {seconds:g} s"
+        if _REPORT is not None:
+            rank, report = _REPORT
+            try:
+                report.send(("error", _Report(f"rank {rank}: {message}")))
+            except OSError:
+                pass
+        else:
+            print(f"pipesched: error: {message}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pipesched-deadline", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
 def _child(rank: int, world: int, backend: str, timeout: float, store_address: tuple[str, int], parent: int,
            control, job: Callable[..., Any], args: tuple, report) -> None:
     """One rank: send ("ok", value) or ("error", message) through `report`, once."""
+    global _REPORT
+    _REPORT = (rank, report)
     die_with_parent(parent, control)
     # the launcher stops the ranks itself; a terminal's Ctrl-C or hang-up reaches the
     # whole process group, and the ranks must not report it as their own failure
@@ -228,6 +304,8 @@ def _child(rank: int, world: int, backend: str, timeout: float, store_address: t
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     try:
         configure_process(world, rank)
+        if isinstance(job, _Deferred):
+            job, args = job.load(rank)
         ctx = RankContext(rank, world, rank, world, backend, rank_device(backend, rank), timeout)
         host, port = store_address
         store = dist.TCPStore(host, port, world, is_master=False, timeout=startup_timeout(timeout))
@@ -243,7 +321,8 @@ def _child(rank: int, world: int, backend: str, timeout: float, store_address: t
         if os.environ.get("PIPESCHED_DEBUG"):
             traceback.print_exc()
         try:
-            report.send(("error", _describe(rank, exc)))
+            text = _describe(rank, exc)
+            report.send(("error", _Report(text) if isinstance(exc, ModelCodeError) else text))
         except OSError:  # the launcher is gone
             pass
         sys.stderr.flush()
@@ -331,8 +410,8 @@ def launch_local(job: Callable[..., Any], args: tuple, ranks: int, backend: str 
     reports = [context.Pipe(duplex=False) for _ in range(ranks)]
     controls = [context.Pipe(duplex=False) for _ in range(ranks)]  # (rank reads, launcher holds)
     procs = [context.Process(target=_child, name=f"pipesched-rank{r}", daemon=True,
-                             args=(r, ranks, backend, timeout, address, os.getpid(), controls[r][0], job, args,
-                                   reports[r][1]))
+                             args=(r, ranks, backend, timeout, address, os.getpid(), controls[r][0],
+                                   _Deferred((job, args), label=_label(args)), (), reports[r][1]))
              for r in range(ranks)]
     with stop_signals_raise() as signals:
         try:
@@ -380,7 +459,8 @@ def _supervise(procs: list, readers: list) -> Any:
     if errors:
         # a rank that lost its peer reports the loss; the peer's own error is the cause
         causes = [m for m in errors if not any(s in m for s in CONSEQUENCES)]
-        raise ExecutorError((causes or errors)[0])
+        cause = (causes or errors)[0]
+        raise (ModelCodeError if isinstance(cause, _Report) else ExecutorError)(str(cause))
     for p in procs:
         p.join(10 * KILL_GRACE_S)
     bad = next((r for r, p in enumerate(procs) if p.exitcode not in (0, None)), None)

@@ -99,19 +99,36 @@ def mse_loss(output: Tensor, target: Tensor) -> Tensor:
     return F.mse_loss(output, target)
 
 
+MAX_BLOCKS = 10_000
+"""The most blocks an example or hf-* model has in all (every model stage's together):
+each is a module built in the launcher and every rank."""
+
+
+def _shown(counts: tuple[int, ...]) -> str:
+    text = ",".join(map(str, counts[:8])) + (",..." if len(counts) > 8 else "")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def check_layer_counts(layers_per_stage: int | tuple[int, ...], num_model_stages: int | None = None,
                        least: int = 1) -> None:
     """ModelError unless `layers_per_stage` is an integer >= 1 (every model stage) or a
-    tuple of integers >= `least`, one per model stage (when their number is known)."""
+    tuple of integers >= `least`, one per model stage (when their number is known), and
+    the model has at most MAX_BLOCKS blocks in all."""
     if isinstance(layers_per_stage, tuple):
         if not layers_per_stage or any(not is_int(c) or c < least for c in layers_per_stage):
             raise ModelError(f"--layers-per-stage needs integers >= {least}, one per model stage, "
-                             f"got {','.join(map(str, layers_per_stage))}")
+                             f"got {_shown(layers_per_stage)}")
         if num_model_stages is not None and len(layers_per_stage) != num_model_stages:
             raise ModelError(f"--layers-per-stage gives {len(layers_per_stage)} model stages "
-                             f"({','.join(map(str, layers_per_stage))}), the schedule has {num_model_stages}")
+                             f"({_shown(layers_per_stage)}), the schedule has {num_model_stages}")
+        total = sum(layers_per_stage)
     elif not is_int(layers_per_stage) or layers_per_stage < 1:
         raise ModelError(f"--layers-per-stage must be an integer >= 1, got {layers_per_stage!r}")
+    else:
+        total = layers_per_stage * (num_model_stages or 1)
+    if total > MAX_BLOCKS:
+        shown = f"{total:,}" if total < 10 ** 30 else f"a number of {len(str(total))} digits"
+        raise ModelError(f"--layers-per-stage asks for {shown} blocks in all; a model has at most {MAX_BLOCKS:,}")
 
 
 def layers_of_stage(layers_per_stage: int | tuple[int, ...], model_stage: int) -> int:
@@ -165,9 +182,15 @@ class ExampleModel:
 
     def stage_param_bytes(self, model_stage: int) -> int:
         """Bytes of model stage `model_stage`'s parameters, counted without allocating
-        them (the stage is built on the meta device)."""
-        with torch.device("meta"):
-            return sum(p.numel() * p.element_size() for p in self.build_stage(model_stage).parameters())
+        them (one block is built on the meta device; the stage has that many of them)."""
+        return layers_of_stage(self.layers_per_stage, model_stage) * self.block_param_bytes()
+
+    def block_param_bytes(self) -> int:
+        """Bytes of one block's parameters, counted, not allocated: an MLP block has
+        8 h^2 + 5 h (two Linear layers), a transformer block 12 h^2 + 13 h (qkv, proj,
+        the MLP and two LayerNorms)."""
+        h = self.hidden
+        return (8 * h * h + 5 * h if self.kind == "mlp" else 12 * h * h + 13 * h) * self.torch_dtype.itemsize
 
     def sample_shape(self) -> tuple[int, ...]:
         if self.kind == "mlp":
@@ -213,6 +236,14 @@ def check_model(model: PipelineModel, num_model_stages: int, microbatches: int) 
     microbatches; return each model stage's output spec (what crosses each boundary).
 
     Runs microbatch 0 through every stage once (with autograd, on the modules' device)."""
+    if not isinstance(model, PipelineModel):
+        raise ModelError(f"the model must be a PipelineModel, got {type(model).__name__}")
+    for name in ("stages", "inputs", "targets"):
+        value = getattr(model, name)
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ModelError(f"the model's {name} must be a non-empty list, got {type(value).__name__}")
+    if not callable(model.loss_fn):
+        raise ModelError(f"the model's loss_fn must be a function, got {type(model.loss_fn).__name__}")
     if len(model.stages) != num_model_stages:
         raise ModelError(f"the schedule cuts the model into {num_model_stages} model stages, "
                          f"but {len(model.stages)} stage modules were given")

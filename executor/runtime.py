@@ -137,12 +137,19 @@ class RankRuntime:
         self.arrived: dict[int, Any] = {}  # received ahead of their op (the inputs of a pair)
         # (microbatch, virtual stage) whose F runs without a graph: an R re-runs it before the backward
         self.recomputed = {(t.mb, t.stage) for t in graph.tasks if t.op == R and sched.stages[t.stage].rank == rank}
+        self.steps_taken = 0
 
     # --- one step ---------------------------------------------------------------------
 
     def step(self) -> RankStep:
         """Run the rank's program once: gradients of this step only (zeroed first), then
-        summed over the ranks holding each parameter (replicas, tied weights)."""
+        summed over the ranks holding each parameter (replicas, tied weights). gloo tags
+        alternate between two ranges from step to step (edge id, edge id + edges), so
+        without a barrier between steps a neighbour's next-step message cannot be taken
+        for this step's (NCCL matches each link's messages in posting order anyway)."""
+        if isinstance(self.transport, GlooTransport):
+            self.transport.tag_offset = (self.steps_taken % 2) * len(self.graph.edges)
+        self.steps_taken += 1
         for sm in self.modules.values():
             for p in sm.params:
                 p.grad = None

@@ -40,7 +40,7 @@ from pipesched.simulator.costs import CostModel, HostOverhead, HostSharing, Link
 
 from . import progress
 from .comm import link_groups
-from .launch import RankContext
+from .launch import RankContext, deadline
 from .placement import host_cores
 from .links import PostingCosts, fit_link, pingpong, posting_costs
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
@@ -122,7 +122,8 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
     progress.say(ctx.rank, f"calibrating: each rank profiles its model stages alone ({options.repeats} repeats), "
                            "then side by side, then the links")
     built = model.build(schedule.num_model_stages, schedule.microbatches) if isinstance(model, ExampleModel) else model
-    specs = check_model(built, schedule.num_model_stages, schedule.microbatches)
+    with deadline(ctx.timeout, "the model check"):  # the model's own forward: a hang is cut
+        specs = check_model(built, schedule.num_model_stages, schedule.microbatches)
     own = sorted({schedule.stages[s].model_stage for s in schedule.stages_of_rank(ctx.rank)})
     stages = {k: stage_for_profiling(built, specs, k, ctx.device) for k in own}
     hosts: list = [None] * ctx.world

@@ -12,8 +12,11 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
+
+import numpy as np
 
 from .errors import INPUT_ERRORS, UsageError
 
@@ -101,8 +104,28 @@ def stop_signals_unwind() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command `argv` (default: the process's arguments) and return its exit
+    status. As the program itself (`argv` None), a thread still running when the command
+    is done (one a --model function started, or a model check cut short by --timeout or
+    a signal) does not keep the process alive: the output is flushed and the process
+    exits at once with the status."""
+    code = _run(argv)
+    if argv is None and any(t.is_alive() for t in threading.enumerate() if t is not threading.current_thread()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     try:
-        with stop_signals_unwind():
+        # numpy's and matplotlib's RuntimeWarnings (overflow, invalid value) are not for
+        # the user: a result that is not finite is refused in one line where it matters
+        with stop_signals_unwind(), warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
             try:
                 args = build_parser().parse_args(argv)
             except SystemExit as done:  # --help or --version printed
@@ -115,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt as exc:  # Ctrl-C, or Stopped / the launcher's Interrupted
         signum = getattr(exc, "signum", signal.SIGINT)
-        print(f"pipesched: {exc or 'interrupted'}", file=sys.stderr)
+        print(f"pipesched: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 128 + int(signum)
     except Exception as exc:  # a bug, not bad input: still one line unless debugging
         if os.environ.get("PIPESCHED_DEBUG"):

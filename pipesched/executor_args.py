@@ -100,7 +100,8 @@ def run_options(args: argparse.Namespace):
         raise UsageError(f"--min-time must be finite and >= 0, got {args.min_time:g}")
     return RunOptions(steps=args.steps, warmup=args.warmup, min_time=args.min_time,
                       max_steps=max(MAX_STEPS, args.steps), timeout=args.timeout, check=not args.no_check,
-                      lookahead=args.recv_lookahead, dp=replicas_of(args), bucket_bytes=bucket_of(args))
+                      lookahead=args.recv_lookahead, dp=replicas_of(args), bucket_bytes=bucket_of(args),
+                      step_barrier=getattr(args, "step_barrier", "all"))
 
 
 def replicas_of(args: argparse.Namespace) -> int:
@@ -144,9 +145,10 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
     """The model the flags describe for `schedule`: an ExampleModel (built in the ranks),
     or a PipelineModel (a preset or the user's function, built here)."""
     from pipesched.executor.hf_models import HF_PRESETS, HFModel
+    from pipesched.executor.launch import available_memory, under_torchrun
     from pipesched.executor.models import ExampleModel, ModelError
 
-    from .user_model import build_user_model, is_spec
+    from .user_model import build_user_model, guarded, is_spec
 
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
@@ -160,6 +162,9 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
     if args.microbatch_size is None:
         args.microbatch_size = DEFAULT_MICROBATCH[kind]
     microbatches = schedule.microbatches * replicas_of(args)  # the global batch, split across the replicas
+    if is_spec(args.model) and args.layers_per_stage is not None:
+        raise UsageError(f"--layers-per-stage sizes the example and hf-* models; --model {args.model} builds its "
+                         "own stages, so it would do nothing")
     if args.layers_per_stage is None:
         args.layers_per_stage = default_blocks(schedule)
     if isinstance(args.layers_per_stage, str):
@@ -168,7 +173,7 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
         raise UsageError(f"--layers-per-stage gives {len(args.layers_per_stage)} model stages, the schedule has "
                          f"{schedule.num_model_stages}")
     if is_spec(args.model):
-        return build_user_model(args.model, schedule.num_model_stages, microbatches)
+        return build_user_model(args.model, schedule.num_model_stages, microbatches, args.timeout)
     if args.model in EXAMPLES:
         return ExampleModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq,
                             args.dtype, args.seed)
@@ -176,11 +181,27 @@ def model_from_args(args: argparse.Namespace, schedule: Schedule):
         spec = HFModel(args.model, args.hidden, args.layers_per_stage, args.microbatch_size, seq, args.vocab,
                        args.dtype, args.seed)
         try:
-            return spec.build(schedule.num_model_stages, microbatches)
+            spec.check().check_fits(schedule.num_model_stages, microbatches, rank_copies(schedule, replicas_of(args)),
+                                    None if under_torchrun() else available_memory())
+            return guarded(spec.build, schedule.num_model_stages, microbatches, what=f"building {args.model}",
+                           timeout=args.timeout, ours=(ModelError, UsageError))
         except ModelError as exc:
             raise UsageError(str(exc)) from None
     raise UsageError(f"unknown --model {args.model!r}; use {', '.join(EXAMPLES + HF_PRESETS)} or "
                      "package.module:function")
+
+
+def model_label(args: argparse.Namespace) -> str | None:
+    """How messages name a user's --model function ("--model pkg.mod:fn"); None for the
+    built-in models."""
+    from .user_model import is_spec
+    return f"--model {args.model}" if is_spec(args.model) else None
+
+
+def rank_copies(schedule: Schedule, replicas: int = 1) -> float:
+    """Copies of the whole model the local ranks hold: each virtual stage holds its model
+    stage's share (DualPipe's two replicas hold it twice), times the replicas."""
+    return replicas * len(schedule.stages) / max(1, schedule.num_model_stages)
 
 
 def check_launchable_ranks(ranks: int | None, replicas: int = 1) -> None:
@@ -196,21 +217,28 @@ def check_launchable_ranks(ranks: int | None, replicas: int = 1) -> None:
         raise UsageError(str(exc)) from None
 
 
-def prepare_checked(schedule: Schedule, model, backend: str, replicas: int = 1):
+def prepare_checked(schedule: Schedule, model, backend: str, replicas: int = 1, timeout: float | None = None,
+                    label: str | None = None):
     """`executor.job.prepare` with every problem as one line: the schedule's own error,
-    else a UsageError. Returns the validated task graph."""
+    else a UsageError. The model check runs the model's own code (`user_model.guarded`):
+    `timeout` seconds cut a hang, a signal stops it at once, and anything but a ValueError
+    from it is one line naming `label` (e.g. "--model pkg.mod:fn"). Returns the
+    validated task graph."""
     from pipesched.executor.job import prepare
     from pipesched.executor.launch import under_torchrun
+
+    from .user_model import guarded
 
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) != schedule.ranks * replicas:
         raise UsageError(f"torchrun started {os.environ['WORLD_SIZE']} ranks, the schedule has {schedule.ranks}"
                          + (f" x {replicas} replicas" if replicas > 1 else ""))
+    where = f"{label}: the model check" if label else "the model check"
     try:
-        return prepare(schedule, model, backend, replicas)
+        return guarded(prepare, schedule, model, backend, replicas, what=where, timeout=timeout, ours=(ValueError,))
     except ValueError as exc:
-        if isinstance(exc, ScheduleError):
+        if isinstance(exc, (ScheduleError, UsageError)):
             raise
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{label}: {exc}" if label else str(exc)) from None
 
 def add_calibration_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("calibration")

@@ -6,6 +6,7 @@ import argparse
 from pipesched.simulator.trace import Trace
 
 from .errors import UsageError
+from .plots import MAX_FIGURE_INCHES, MAX_FIGURE_PIXELS, FigureError, check_figure_size
 from .terminal import wrote
 
 
@@ -14,8 +15,8 @@ def add_figure_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("figure")
     g.add_argument("--window", type=_pair("START,END"), metavar="START,END",
                    help="draw only this time window, seconds from the first op (e.g. 0.5,0.8)")
-    g.add_argument("--figsize", type=_pair("W,H"), metavar="W,H", help="figure size in inches (default: 12 wide, "
-                   "as high as the ranks need)")
+    g.add_argument("--figsize", type=_figsize, metavar="W,H", help="figure size in inches (default: 12 wide, "
+                   f"as high as the ranks need; at most {MAX_FIGURE_INCHES:g} a side and {MAX_FIGURE_PIXELS:,} pixels)")
     g.add_argument("--no-memory", action="store_true", help="leave out the memory panel")
     g.add_argument("--title", help="replace the figure's title")
 
@@ -36,6 +37,16 @@ def _pair(what: str):
             raise argparse.ArgumentTypeError(f"expected {what} (two numbers and a comma), got {text!r}") from None
         return a, b
     return parse
+
+
+def _figsize(text: str) -> tuple[float, float]:
+    """W,H inches within the figure bounds (`plots.check_figure_size`), checked as typed."""
+    width, height = _pair("W,H")(text)
+    try:
+        check_figure_size(width, height)
+    except FigureError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return width, height
 
 
 def figure_options(args: argparse.Namespace) -> dict:

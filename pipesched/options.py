@@ -75,6 +75,30 @@ def recompute_modes(choice: str, budget: Budget = Budget()) -> tuple[bool, ...]:
     return planner.recompute_modes(choice, budget)
 
 
+def add_step_args(parser: argparse.ArgumentParser, steps: bool = True) -> None:
+    """--step-barrier (and with `steps`, --steps K): training steps back to back
+    (`simulator.steps`), with a barrier between them or none."""
+    from pipesched.simulator.steps import MAX_STEPS
+
+    if steps:
+        parser.add_argument("--steps", type=int, default=1, metavar="K",
+                            help=f"simulate K steps back to back (1..{MAX_STEPS}, default 1); prints the "
+                                 "steady-state period and throughput")
+    parser.add_argument("--step-barrier", choices=("all", "none"), default="all",
+                        help="between steps: all (default: every rank finishes a step before any starts the next) "
+                             "or none (a rank starts the next step once its own ops and optimizer step are done); "
+                             "none reports the period (seconds per step) and throughput")
+
+
+def check_step_args(args: argparse.Namespace) -> None:
+    """UsageError for --steps outside 1..MAX_STEPS."""
+    from pipesched.simulator.steps import MAX_STEPS
+
+    steps = getattr(args, "steps", 1)
+    if not 1 <= steps <= MAX_STEPS:
+        raise UsageError(f"--steps must be between 1 and {MAX_STEPS}, got {steps}")
+
+
 def add_budget_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("memory budget per rank (zb-auto builds under it; other schedules must fit)")
     g.add_argument("--max-activations", type=float, metavar="N",

@@ -8,7 +8,7 @@ import time
 import unicodedata
 from typing import Mapping, TextIO
 
-from pipesched.schedules.outputs import check_distinct, check_writable
+from pipesched.schedules.outputs import OutputError, check_distinct, check_writable
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for work this long
 _UNSAFE = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}  # controls, format (bidi), surrogates, unassigned
@@ -44,7 +44,9 @@ def warn(message: str) -> None:
 def check_outputs(outputs: Mapping[str, str | None], inputs: Mapping[str, str | None] = {}) -> None:
     """Before any work: every given output can be written, none is also an input, no two
     are the same file (OutputError, one line, exit 2)."""
-    for path in outputs.values():
+    for flag, path in outputs.items():
+        if path is not None and not str(path):
+            raise OutputError(f"{flag} '' names no file; leave {flag} out to write nothing")
         if path:
             check_writable(path)
     check_distinct(outputs, {k: v for k, v in inputs.items() if v and os.path.exists(v)})

@@ -12,13 +12,15 @@ from .costs import CostError, CostModel
 from .data_parallel import add_step_tail, gradients_ready, has_tail
 from .des import run_des
 from .exact import longest_path
+from .steps import check_step_ops, check_steps, simulate_steps
 from .timing import resolve, to_trace
 from .trace import Trace
 
 ENGINES = ("auto", "des", "exact")
 
 
-def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "auto", **options) -> Trace:
+def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "auto", *, steps: int = 1,
+             step_barrier: str = "all", **options) -> Trace:
     """Predict the timeline of `schedule` under `costs` (seconds, bytes).
 
     engine "des" runs the discrete-event simulation (simulator.des); "exact" computes
@@ -34,6 +36,14 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "au
     the replicas share the host (`costs.host`), all of them are simulated and the Trace is
     replica 0's.
 
+    `steps` (1..1000) steps run back to back in one Trace, step k's microbatches
+    numbered k*m .. k*m+m-1; `step_barrier` "all" (default: every rank finishes a step
+    before any starts the next) or "none" (a rank starts the next step once its own is
+    done, optimizer step included). With more than one step or no barrier,
+    meta["steps"] holds the steady-state period (seconds per step: exact, the max-plus
+    cycle mean, where ranks do not share compute) and `metrics` reports it with the
+    throughput (simulator.steps). Noisy op times (noise_cv) take one step.
+
     The schedule is validated (ScheduleError) and the cost model checked (CostError)
     first; CostError too when times or memory overflow to infinity (each cost may be
     finite while their sums are not).
@@ -45,18 +55,27 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "au
         raise ValueError(f"unknown engine {engine!r}; engines are {', '.join(ENGINES)}")
     if engine == "exact" and costs.host is not None:
         raise ValueError("the exact engine cannot model ranks sharing compute; use the DES")
+    check_steps(steps, step_barrier)
+    several = steps > 1 or step_barrier != "all"
+    if several and options.get("noise_cv"):
+        raise ValueError("noisy op times (noise_cv) take one step with a barrier; leave steps and step_barrier out")
     graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
+    if several:
+        check_step_ops(graph, costs, steps, step_barrier)
     with gc_paused(), np.errstate(over="ignore", invalid="ignore"):
         # the DES allocates millions of acyclic objects; collections would rescan them
-        trace = _simulate(graph, costs, engine, **options)
+        if several:
+            trace = _simulate_steps(graph, costs, engine, steps, step_barrier)
+        else:
+            trace = _simulate(graph, costs, engine, **options)
         finite = np.isfinite(trace.end).all() and all(np.isfinite(b).all() for _, b in trace.memory)
     if not finite:
         raise CostError("the costs are too large: predicted times or memory overflow to infinity")
     return trace
 
 
-def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Trace:
-    noise = {k: v for k, v in options.items() if k in ("noise_cv", "rng")}
+def _engine(costs: CostModel, engine: str) -> tuple[str, dict]:
+    """The engine that runs for `engine` ("auto" chooses) and the Trace's meta saying so."""
     meta = {"engine": engine}
     if engine == "auto":
         engine = "des" if costs.host is not None else "exact"
@@ -65,6 +84,20 @@ def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Tra
     if costs.host is not None:
         meta["shared_compute"] = {"capacity": costs.host.capacity, "compute_demand": costs.host.compute_demand,
                                   "wait_demand": costs.host.wait_demand}
+    return engine, meta
+
+
+def _simulate_steps(graph: TaskGraph, costs: CostModel, engine: str, steps: int, step_barrier: str) -> Trace:
+    first = None
+    if costs.data_parallel.degree > 1 and costs.host is not None and step_barrier == "all":
+        first = _simulate(graph, costs, engine)  # the replicas simulated together
+    engine, meta = _engine(costs, engine)
+    return simulate_steps(graph, costs, engine, meta, steps, step_barrier, first)
+
+
+def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Trace:
+    noise = {k: v for k, v in options.items() if k in ("noise_cv", "rng")}
+    engine, meta = _engine(costs, engine)
     dp, schedule = costs.data_parallel, graph.schedule
     if dp.degree > 1 and costs.host is not None:  # the replicas share the host: simulate them together
         everyone = validate(replicate(schedule, dp.degree))

@@ -79,8 +79,9 @@ class Budget:
             # a receive and a send in flight: the least the buffers add (zb-auto lowers
             # the estimate further when the simulated peak is still over)
             buffers = 2 * max(s.activation_bytes for s in costs.stages) if costs.comm_buffers else 0.0
-            if act > 0:
-                limits.append(math.floor(2 * max(0.0, self.memory_limit - params - buffers) / act) / 2)
+            room = 2 * (max(0.0, self.memory_limit - params - buffers) / act) if act > 0 else math.inf
+            if room < 2.0 ** 53:  # beyond it (or inf) the bytes leave room for more than any schedule holds
+                limits.append(math.floor(room) / 2)
         return min(limits) if limits else None
 
 

@@ -20,6 +20,7 @@ from pipesched.schedules.outputs import write_text
 from .cost_model import (CostError, CostModel, DataParallel, FixedOpTimes, HostOverhead, HostSharing, Link,
                          Network, StageCost, StageSwitch)
 from .layers import LayerCosts
+from .partition import MAX_LAYERS
 from .units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
 try:
@@ -295,11 +296,15 @@ def layers_from_dict(data: Any) -> LayerCosts:
         raise CostError("layers.layer must be an object of layer costs")
     count = data.get("count")
     if count is not None and (not is_int(count) or count < 1):
-        raise CostError(f"layers.count must be an integer >= 1, got {count!r}")
+        raise CostError(f"layers.count must be an integer >= 1, got {_short(count)}")
+    if count is not None and count > MAX_LAYERS:  # before `count` copies are made
+        raise CostError(f"layers.count is {_short(count)}; a model has at most {MAX_LAYERS:,} layers")
     if "list" in data:
         items = data["list"]
         if not isinstance(items, list) or not items:
             raise CostError("layers.list must be a non-empty list of layer costs")
+        if len(items) > MAX_LAYERS:
+            raise CostError(f"layers.list has {len(items):,} layers; a model has at most {MAX_LAYERS:,} layers")
         if count is not None and count != len(items):
             raise CostError(f"layers.count is {count} but layers.list has {len(items)} layers")
         layers = tuple(_piece({**base, **item} if isinstance(item, dict) else item, f"layers.list[{i}]")
@@ -314,6 +319,12 @@ def layers_from_dict(data: Any) -> LayerCosts:
         partition = tuple(partition)
     return LayerCosts(layers, extras.get("embedding"), extras.get("head"), partition,
                       data.get("objective", "fbw")).check()
+
+
+def _short(value: Any) -> str:
+    """`value` for a message, an integer of many digits shortened to its length."""
+    text = repr(value) if not is_int(value) or abs(value) < 10 ** 30 else f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def layers_to_dict(model: LayerCosts) -> dict:

@@ -81,7 +81,7 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
         if not np.isfinite(pipeline_end[r]):
             continue
         stages_ready = sorted(ready_by_rank.get(r, []))
-        link_free = 0.0
+        link_free = -np.inf  # free from the start (times may be any: simulator.steps starts from -inf)
         synced = []  # (time its all-reduces finish, stage)
         for t, v, op in stages_ready:
             cost = stage_costs[schedule.stages[v].model_stage]

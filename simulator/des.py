@@ -37,8 +37,14 @@ class Arrival(simpy.Event):
         self.env.schedule(self, simpy.events.NORMAL, delay)
 
 
-def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None) -> Timeline:
-    """Simulate the schedule; with `sharing`, the ranks share one host's compute."""
+def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None,
+            ready: np.ndarray | None = None, link_ready: np.ndarray | None = None) -> Timeline:
+    """Simulate the schedule; with `sharing`, the ranks share one host's compute.
+    `ready`: per rank, when it may start its first unit (seconds >= 0, default 0);
+    `link_ready`: per link of `timing.links`, when it is first free (default 0). The
+    Timeline's `rank_free` and `link_free` say when each rank and link is free after
+    the step (as `simulator.exact.longest_path`). With `sharing`, a rank that has not
+    started yet counts as waiting."""
     env = simpy.Environment()
     host = SharedHost(env, graph.schedule.ranks, sharing) if sharing is not None else None
     n_units, n_edges = len(graph.units), len(graph.edges)
@@ -50,7 +56,8 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
     edge_link, edge_time = timing.edge_link.tolist(), timing.edge_time.tolist()
     task_time, unit_time, task_offset = timing.task_time.tolist(), timing.unit_time.tolist(), timing.task_offset.tolist()
     arrived = [Arrival(env) if link >= 0 else None for link in edge_link]
-    link_free = [0.0] * len(timing.links)
+    link_free = [0.0] * len(timing.links) if link_ready is None else [float(x) for x in link_ready]
+    rank_free = [0.0] * graph.schedule.ranks if ready is None else [float(x) for x in ready]
     contention, blocking = timing.contention, timing.blocking_sends
     if timing.host is not None:
         h = timing.host
@@ -85,6 +92,8 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
 
     def rank(r: int) -> Generator:
         inputs, outputs, units = graph.task_inputs, graph.task_outputs, graph.units
+        if rank_free[r] > 0:
+            yield env.timeout(rank_free[r])
         for u in graph.rank_units[r]:
             members = units[u]
             if pre and pre[u]:
@@ -123,10 +132,12 @@ def run_des(graph: TaskGraph, timing: Timing, sharing: HostSharing | None = None
                 for ev in sent:
                     if not ev.processed:
                         yield ev
+        rank_free[r] = max(rank_free[r], env.now)
         if host is not None:
             host.set_state(r, DONE)
 
     for r in range(graph.schedule.ranks):
         env.process(rank(r))
     env.run()
-    return Timeline(*map(np.asarray, (unit_start, unit_end, edge_start, edge_end, task_start, task_end)))
+    return Timeline(*map(np.asarray, (unit_start, unit_end, edge_start, edge_end, task_start, task_end, rank_free,
+                                      link_free)))

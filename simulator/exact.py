@@ -41,7 +41,12 @@ class _Layout:
         wave = np.empty(n_units, dtype=np.int64)
         wave[self.order] = np.repeat(np.arange(len(waves)), np.diff(waves.bounds))
         prev = waves.prev[self.order]
-        self.prev = np.where(prev >= 0, position[np.maximum(prev, 0)], n_units)  # n_units: "rank free at 0"
+        unit_rank = np.zeros(n_units, dtype=np.int64)
+        for r, ids in enumerate(graph.rank_units):
+            unit_rank[ids] = r
+        # n_units + r: "rank r free at its start" (0, or the time `longest_path` is given)
+        self.prev = np.where(prev >= 0, position[np.maximum(prev, 0)], n_units + unit_rank[self.order])
+        self.last = np.asarray([position[ids[-1]] if ids else -1 for ids in graph.rank_units], dtype=np.int64)
 
         src, dst = col["edge_src"], col["edge_dst"]
         src_pos, dst_pos = position[col["unit"][src]], position[col["unit"][dst]]
@@ -96,18 +101,41 @@ def _sorted_by(key: np.ndarray, tie: np.ndarray, tie_range: int) -> np.ndarray:
     return np.argsort(key.astype(np.int64) * tie_range + tie)
 
 
-def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
-    """Earliest start and end of every unit, task and transfer (seconds)."""
+def longest_path(graph: TaskGraph, timing: Timing, ready: np.ndarray | None = None,
+                 link_ready: np.ndarray | None = None) -> Timeline:
+    """Earliest start and end of every unit, task and transfer (seconds).
+
+    `ready`: per rank, when it may start its first unit (default 0); `link_ready`: per
+    link of `timing.links`, when it may carry its first transfer (default 0). Either may
+    have a second axis of columns (ranks x S, links x S), each an independent walk of
+    the same graph, and may hold -inf (a column that does not depend on that rank or
+    link: every time is a max of sums, so -inf marks what a start does not reach); then
+    every time of the Timeline has that column axis too. The Timeline's `rank_free` is
+    when each rank may start its next unit (after its last unit, host time after it and
+    blocking sends), `link_free` when each link is free again."""
     lay = _Layout(graph, timing)
     n_units, order = len(graph.units), lay.order
+    ranks = graph.schedule.ranks
+    columns = () if ready is None or np.ndim(ready) < 2 else (np.shape(ready)[1],)
+    if link_ready is not None and np.ndim(link_ready) == 2:
+        columns = (np.shape(link_ready)[1],)
+    col = (lambda a: a[:, None]) if columns else (lambda a: a)  # per-unit arrays against columns
     host = timing.host
-    pre, take, post = ((host.pre[order], host.take[order], host.post[order]) if host is not None else (None,) * 3)
-    unit_time = timing.unit_time[order]
-    start = np.zeros(n_units)
-    free = np.zeros(n_units + 1)  # when each unit's rank may start its next one; [-1]: 0, before a rank's first
-    arrival = np.full(lay.n_slots, -np.inf)
-    send_start = np.zeros(len(lay.sends))
-    link_free = np.zeros(len(timing.links))
+    pre, take, post = ((col(host.pre[order]), col(host.take[order]), col(host.post[order])) if host is not None
+                       else (None,) * 3)
+    unit_time = col(timing.unit_time[order])
+    start = np.zeros((n_units, *columns))
+    free = np.zeros((n_units + ranks, *columns))  # when each unit's rank may start its next one; then per rank
+    if ready is not None:
+        free[n_units:] = np.reshape(ready, (ranks, -1)) if columns else ready
+    arrival = np.full((lay.n_slots, *columns), -np.inf)
+    send_start = np.zeros((len(lay.sends), *columns))
+    link_free = np.zeros((len(timing.links), *columns))
+    if link_ready is not None:
+        link_free[:] = np.reshape(link_ready, (len(timing.links), -1)) if columns else link_ready
+    local_offset, local_len = col(lay.local_offset), col(lay.local_len)
+    send_offset, send_len, send_posted, send_time = map(col, (lay.send_offset, lay.send_len, lay.send_posted,
+                                                              lay.send_time))
     inputs, has_inputs = lay.inputs, lay.inputs.shape[1] > 0
     bounds, local_bounds, send_bounds, turns = lay.bounds, lay.local_bounds, lay.send_bounds, lay.turns
     contention, blocking, s0 = timing.contention, timing.blocking_sends, lay.first_send_slot
@@ -124,25 +152,28 @@ def longest_path(graph: TaskGraph, timing: Timing) -> Timeline:
         free[lo:hi] = t + unit_time[lo:hi] + post[lo:hi] if host is not None else t + unit_time[lo:hi]
         a, b = local_bounds[k], local_bounds[k + 1]
         if b > a:  # a local input is there when its task ends
-            arrival[a:b] = start[lay.local_src[a:b]] + lay.local_offset[a:b] + lay.local_len[a:b]
+            arrival[a:b] = start[lay.local_src[a:b]] + local_offset[a:b] + local_len[a:b]
         for g in range(k * turns, (k + 1) * turns):
             a, b = send_bounds[g], send_bounds[g + 1]
             if b == a:
                 continue
-            s = start[lay.send_src[a:b]] + lay.send_offset[a:b] + lay.send_len[a:b] + lay.send_posted[a:b]
+            s = start[lay.send_src[a:b]] + send_offset[a:b] + send_len[a:b] + send_posted[a:b]
             link = lay.send_link[a:b]
             if contention:
                 s = np.maximum(s, link_free[link])
-            f = s + lay.send_time[a:b]
+            f = s + send_time[a:b]
             link_free[link] = f
             send_start[a:b], arrival[s0 + a:s0 + b] = s, f
             if blocking:
                 np.maximum.at(free, lay.send_src[a:b], f)
-    unit_start = np.empty(n_units)
+    unit_start = np.empty((n_units, *columns))
     unit_start[order] = start
-    edge_start = np.full(len(graph.edges), np.nan)
-    edge_end = np.full(len(graph.edges), np.nan)
+    edge_start = np.full((len(graph.edges), *columns), np.nan)
+    edge_end = np.full((len(graph.edges), *columns), np.nan)
     edge_start[lay.sends], edge_end[lay.sends] = send_start, arrival[s0:s0 + len(lay.sends)]
-    task_start = unit_start[graph.columns()["unit"]] + timing.task_offset
-    return Timeline(unit_start, unit_start + timing.unit_time, edge_start, edge_end, task_start,
-                    task_start + timing.task_len)
+    unit_of_task = graph.columns()["unit"]
+    task_start = unit_start[unit_of_task] + col(timing.task_offset)
+    rank_free = np.where(col(lay.last >= 0), free[np.where(lay.last >= 0, lay.last, n_units + np.arange(ranks))],
+                         free[n_units:])
+    return Timeline(unit_start, unit_start + col(timing.unit_time), edge_start, edge_end, task_start,
+                    task_start + col(timing.task_len), rank_free, link_free)

@@ -13,13 +13,12 @@ written by `simulator.cost_file`.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
 from pipesched.schedules.numbers import is_int
 
-from .stage_costs import CostError, StageCost
+from .stage_costs import CostError, StageCost, fsum
 from .partition import PartitionError, balanced_split, check_counts, even_split, stage_loads
 
 PARTITIONS = ("balanced", "even")
@@ -43,10 +42,10 @@ def piece_weight(cost: StageCost, objective: str) -> float:
 def sum_costs(pieces: Sequence[StageCost], boundary: float) -> StageCost:
     """One model stage made of `pieces` (in order); it sends `boundary` bytes on."""
     def total(name: str) -> float:
-        return math.fsum(getattr(p, name) for p in pieces)
+        return fsum(getattr(p, name) for p in pieces)
 
     fused = [p.backward_full for p in pieces]
-    backward_full = None if all(b is None for b in fused) else math.fsum(
+    backward_full = None if all(b is None for b in fused) else fsum(
         p.backward_input + p.backward_weight if p.backward_full is None else p.backward_full for p in pieces)
     return StageCost(forward=total("forward"), backward_input=total("backward_input"),
                      backward_weight=total("backward_weight"), backward_full=backward_full,

@@ -11,7 +11,11 @@
 - data parallelism (simulator.data_parallel): the makespan runs to the end of the step's
   tail (optimizer steps, all-reduces); allreduce_time: the summed duration of the
   all-reduce spans; allreduce_exposed: how much longer the step is than with free
-  all-reduces.
+  all-reduces;
+- steps back to back (simulator.steps; a trace whose meta["steps"] says so, simulated
+  or measured): the makespan, busy, idle and peak memory cover every step of the trace;
+  step_makespan is the first step's, period the seconds per step once the pattern
+  repeats and throughput the microbatches per step (of one pipeline replica) over it.
 """
 from __future__ import annotations
 
@@ -70,6 +74,11 @@ class Metrics:
     critical_path: PathSteps from the first op to the last (empty without the graph).
     allreduce_time: seconds of the data-parallel all-reduces summed; allreduce_exposed:
         seconds they add to the step.
+    steps, step_barrier: the steps in the trace and whether a barrier ("all") or
+        nothing ("none") separates them; with more than one step or no barrier also
+        step_makespan (seconds, the first step's), period (seconds per step in the
+        steady state) and throughput (microbatches per second, one pipeline replica's);
+        None otherwise. `microbatches` counts every step's.
     """
 
     schedule: str
@@ -83,6 +92,11 @@ class Metrics:
     critical_path: list[PathStep] = field(default_factory=list)
     allreduce_time: float = 0.0
     allreduce_exposed: float = 0.0
+    steps: int = 1
+    step_barrier: str = "all"
+    step_makespan: float | None = None
+    period: float | None = None
+    throughput: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -150,9 +164,29 @@ def compute_metrics(trace: Trace, graph: TaskGraph | None = None) -> Metrics:
             if m.any():
                 hidden += float(covered(unions[r], a[m], b[m]).sum())
     path = critical_path(trace, graph) if graph is not None else []
-    return Metrics(trace.schedule, trace.ranks, trace.microbatches, makespan, bubble, per_rank,
-                   comm_time, hidden / comm_time if comm_time > 0 else 1.0, path,
-                   float((trace.end[ar] - trace.start[ar]).sum()), exposed_allreduce(trace))
+    out = Metrics(trace.schedule, trace.ranks, trace.microbatches, makespan, bubble, per_rank,
+                  comm_time, hidden / comm_time if comm_time > 0 else 1.0, path,
+                  float((trace.end[ar] - trace.start[ar]).sum()), exposed_allreduce(trace))
+    steps = trace.meta.get("steps")
+    if isinstance(steps, dict):
+        _add_steps(out, steps)
+    return out
+
+
+def _add_steps(out: Metrics, steps: dict) -> None:
+    """The period and throughput a trace's meta["steps"] gives (simulator.steps); left
+    out where a field is missing or not a positive number (a hand-edited trace)."""
+    def number(key: str) -> float | None:
+        x = steps.get(key)
+        return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf") else None
+
+    count, m = steps.get("count"), number("microbatches")
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
+        out.steps = count
+    if steps.get("barrier") in ("all", "none"):
+        out.step_barrier = steps["barrier"]
+    out.step_makespan, out.period = number("step_makespan"), number("period")
+    out.throughput = m / out.period if m is not None and out.period is not None else None
 
 
 def critical_path(trace: Trace, graph: TaskGraph) -> list[PathStep]:

@@ -17,12 +17,14 @@ from typing import Callable, Iterable
 
 from pipesched.schedules.ir import ScheduleError
 from pipesched.schedules.numbers import is_int
-from pipesched.schedules.registry import BUILDERS, build, check_known
+from pipesched.schedules.registry import BUILDERS, MAX_OPS, build, check_known
 from pipesched.schedules.validate import validate
 
 from .budget import Budget, BudgetError, Evaluation, build_within, engine_for, evaluate, recompute_op_time, \
     with_recompute
+from .api import simulate
 from .costs import CostModel
+from .steps import check_step_costs, check_steps
 from .stochastic import makespan_stats
 from .units import fmt_bytes
 
@@ -40,7 +42,10 @@ class Candidate:
     `recompute`. `result`: its simulated makespan (s), bubble, peak memory (bytes) and
     activations (microbatches) and whether it fits the budget; None when it could not
     be built (`error` says why). `p95`: seconds, the 95th percentile makespan under op
-    times jittered by JITTER_CV (the best JITTER_TOP fitting only, else None)."""
+    times jittered by JITTER_CV (the best JITTER_TOP fitting only, else None).
+    `period`: seconds per step with steps back to back and no barrier between them
+    (`simulator.steps`; planned with step_barrier "none", else None), which the
+    throughput then counts instead of the makespan."""
 
     schedule: str
     microbatches: int
@@ -49,10 +54,12 @@ class Candidate:
     error: str | None = None
     p95: float | None = None
     recompute: bool = False  # every model stage recomputes its activations (R ops)
+    period: float | None = None  # seconds per step without a barrier between steps
 
     def throughput(self, samples: int | None = None) -> float:
-        """Microbatches (or samples, given their size) per second."""
-        return self.microbatches * (samples or 1) / self.result.makespan
+        """Microbatches (or samples, given their size) per second: per makespan, or per
+        period where steps run without a barrier."""
+        return self.microbatches * (samples or 1) / (self.result.makespan if self.period is None else self.period)
 
     @property
     def origin(self) -> str | None:
@@ -79,6 +86,8 @@ class Candidate:
                  headroom_bytes=None if budget.memory_limit is None else budget.memory_limit - r.peak_bytes,
                  headroom_activations=None if budget.max_activations is None
                  else budget.max_activations - r.peak_activations, p95=self.p95)
+        if self.period is not None:
+            d["period"] = self.period
         if self.schedule == "zb-auto":
             d["origin"] = r.schedule.params.get("origin")
         return d
@@ -138,9 +147,35 @@ def search_size(names: list[str], counts: list[int], vs: list[int], recompute: t
     return sum(len(chunk_options(n, vs)) for n in names) * len(counts) * len(recompute)
 
 
+def candidate_ops(name: str, ranks: int, microbatches: int, v: int | None, recompute: bool) -> int:
+    """About how many ops a candidate has: F, B and W (and R when recomputing) for
+    every microbatch on every virtual stage."""
+    chunks = v or BUILDERS[name].chunks or 1
+    return (4 if recompute else 3) * ranks * microbatches * chunks
+
+
+def search_ops(names: list[str], ranks: int, counts: list[int], vs: list[int],
+               recompute: tuple[bool, ...]) -> int:
+    """About how many ops `search` builds and simulates in all, leaving out candidates
+    that are over the op limit themselves (refused at once, one by one)."""
+    total = 0
+    for m in counts:
+        for rc in recompute:
+            for name in names:
+                for v in chunk_options(name, vs):
+                    ops = candidate_ops(name, ranks, m, v, rc)
+                    total += ops if ops <= MAX_OPS else 0
+    return total
+
+
+def max_microbatches(ranks: int) -> int:
+    """The most microbatches any schedule on `ranks` ranks can have within the op limit."""
+    return max(0, MAX_OPS // (3 * ranks))
+
+
 def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs: CostModel,
            budget: Budget, progress: Progress | None = None, cache: dict | None = None,
-           recompute: tuple[bool, ...] = (False,)) -> list[Candidate]:
+           recompute: tuple[bool, ...] = (False,), step_barrier: str = "all") -> list[Candidate]:
     """Every (schedule, m, v), built and simulated, for each recompute setting (True:
     every model stage recomputes); zb-auto searched under `budget` against the built-ins
     already built at that m, v and setting. `cache` (give the same dict to searches with
@@ -178,7 +213,14 @@ def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs
         # zb-auto renames the winner it scored; the fit is this budget's
         result = Evaluation(schedule, ev.makespan, ev.bubble, ev.peak_bytes, ev.peak_activations,
                             budget.admits(ev.peak_bytes, ev.peak_activations))
-        out.append(Candidate(name, m, schedule.num_model_stages // ranks, result, recompute=rc))
+        period = None
+        if step_barrier == "none":  # seconds per step back to back, kept with the schedule its id names
+            periods = cache.setdefault(("periods", rc), {})
+            if id(schedule) not in periods:
+                steps = simulate(validate(schedule), costs, engine=engine_for(costs), step_barrier="none")
+                periods[id(schedule)] = (schedule, steps.meta["steps"]["period"])
+            period = periods[id(schedule)][1]
+        out.append(Candidate(name, m, schedule.num_model_stages // ranks, result, recompute=rc, period=period))
     if progress:
         progress(len(todo), "done")
     return out
@@ -238,7 +280,7 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *, costs: 
          chunks: int | Iterable[int] = (1, 2), schedules: Iterable[str] | None = None,
          max_activations: float | None = None, memory_limit: float | None = None,
          recompute: bool | str = "auto", microbatch_size: int | None = None,
-         progress: Progress | None = None) -> Plan:
+         progress: Progress | None = None, step_barrier: str = "all") -> Plan:
     """The fastest schedule for `ranks` ranks that fits a memory budget per rank.
 
     Builds every built-in in `schedules` (default: all, zb-auto last, searched under the
@@ -256,11 +298,14 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *, costs: 
     "auto" (default: both under a budget, else off).
 
     Constraints: ranks >= 1; microbatches and chunks integers >= 1 (one or a list);
-    microbatch_size an integer >= 1. `progress(done, what)` is called before each
+    microbatch_size an integer >= 1. `step_barrier` "none" ranks by the throughput of
+    steps back to back without a barrier: microbatches per period (`simulator.steps`;
+    default "all": per makespan). `progress(done, what)` is called before each
     candidate is built. Returns a `Plan`: makespans and p95 in seconds, peak memory in
     bytes and in microbatches of activations, throughput per second. Raises ValueError
-    (ScheduleError for an unknown schedule name) on bad arguments, BudgetError when
-    nothing fits, CostError when the costs overflow.
+    on bad arguments (ScheduleError for an unknown schedule name, when no candidate can
+    be built, naming why, and when the search would build and simulate more than
+    MAX_OPS ops in all), BudgetError when nothing fits, CostError when the costs overflow.
     """
     if not is_int(ranks) or ranks < 1:
         raise ValueError(f"ranks must be an integer >= 1, got {ranks!r}")
@@ -275,10 +320,25 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *, costs: 
     budget = Budget(max_activations, memory_limit).check()
     modes = recompute_modes(recompute, budget)
     costs = CostModel().check() if costs is None else costs.check()
-    found = search(names, ranks, counts, vs, costs, budget, progress, recompute=modes)
+    check_steps(1, step_barrier)
+    check_step_costs(costs, step_barrier)
+    total = search_ops(names, ranks, counts, vs, modes)
+    if total > MAX_OPS:
+        raise ScheduleError(f"the search would build and simulate about {total:,} ops "
+                            f"({search_size(names, counts, vs, modes)} candidates, m up to {max(counts):,}), more "
+                            f"than the {MAX_OPS:,} a plan takes; ask for fewer microbatch counts, chunks or schedules")
+    found = search(names, ranks, counts, vs, costs, budget, progress, recompute=modes, step_barrier=step_barrier)
     built = [c for c in found if c.result]
     samples = microbatch_size
     fitting = sorted((c for c in built if c.result.fits), key=lambda c: -c.throughput(samples))
+    if not found:
+        raise ScheduleError(f"no candidate to build: none of {', '.join(names)} takes v = "
+                            f"{', '.join(map(str, vs))} (chunks per rank)")
+    if not built:
+        reasons = list(dict.fromkeys(c.error for c in found))
+        raise ScheduleError(f"no schedule could be built for p={ranks}: {reasons[0]}"
+                            + (f" (and {len(reasons) - 1} other reason{'s' if len(reasons) > 2 else ''}; "
+                               f"{len(found)} candidates)" if len(reasons) > 1 else ""))
     if not fitting:
         least = min(built, key=lambda c: c.result.peak_bytes, default=None)
         raise BudgetError(f"no schedule fits the memory budget ({budget.describe()})"

@@ -139,6 +139,15 @@ def merged(stages: Sequence[StageCost]) -> StageCost:
         recompute_memory=stages[0].recompute_memory)
 
 
+def fsum(values) -> float:
+    """math.fsum, but inf where the exact sum is beyond the largest float (where fsum
+    raises OverflowError): the simulator then refuses the costs as too large."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.inf
+
+
 def cut(stages: Sequence[StageCost], k: int) -> list[StageCost]:
     """Each of `stages` (consecutive model stages) cut into `k` equal parts.
 
@@ -149,13 +158,13 @@ def cut(stages: Sequence[StageCost], k: int) -> list[StageCost]:
     backward costs more than a fused one). With one stage there is no shape to borrow."""
     parts = [stage.scaled(1 / k) for stage in stages for _ in range(k)]
     later = stages[1:]
-    b, w = math.fsum(s.backward_input for s in later), math.fsum(s.backward_weight for s in later)
+    b, w = fsum(s.backward_input for s in later), fsum(s.backward_weight for s in later)
     if k == 1 or not later or b + w <= 0:
         return parts
     first = parts[0]
     backward = first.backward_input + first.backward_weight
     fused = [s.backward_full for s in later]
     if first.backward_full is not None and all(f is not None and f > 0 for f in fused):
-        backward = first.backward_full * (b + w) / math.fsum(fused)
+        backward = first.backward_full * (b + w) / fsum(fused)
     inner = replace(first, backward_input=backward * b / (b + w), backward_weight=backward * w / (b + w))
     return [first] + [inner] * (k - 1) + parts[k:]

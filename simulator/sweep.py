@@ -22,6 +22,7 @@ from .budget import Budget, BudgetError, Evaluation, build_within, engine_for
 from .costs import CostError, CostModel
 from .metrics import compute_metrics
 from .planner import count_list, recompute_modes, schedule_list
+from .steps import check_step_costs, check_steps
 
 ENGINES = ("des", "exact")
 
@@ -38,6 +39,7 @@ class SweepPoint:
     bubble_ratio: float = math.nan
     peak_memory: float = math.nan
     comm_hidden_fraction: float = math.nan
+    period: float = math.nan  # seconds per step back to back without a barrier (step_barrier "none")
     error: str | None = None
 
 
@@ -73,11 +75,12 @@ def sweep_size(schedules: list[str], ranks: list[int], microbatches: list[int], 
 def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], costs: CostModel,
                chunks: list[int | None] | None = None, engine: str = "des",
                progress: Callable[[int, str], None] | None = None, budget: Budget = Budget(),
-               recompute: tuple[bool, ...] = (False,)) -> list[SweepRow]:
+               recompute: tuple[bool, ...] = (False,), step_barrier: str = "all") -> list[SweepRow]:
     """Simulate every schedule at every p, v and m, without and/or with recomputation of
     every model stage (`recompute`): a SweepRow each (its point's `error` set where the
-    schedule cannot be built there). Schedules with a fixed v run once. Arguments are
-    not checked: see `sweep`."""
+    schedule cannot be built there). Schedules with a fixed v run once. With
+    `step_barrier` "none" each point also has its period (`simulator.steps`). Arguments
+    are not checked: see `sweep`."""
     rows = []
     chunks = chunks or [None]
     todo = [(name, p, v, m, rc) for p in ranks for name in schedules
@@ -115,13 +118,14 @@ def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], 
         except (ScheduleError, CostError, BudgetError) as exc:  # CostError: e.g. calibrated model_stages for another S
             rows.append(SweepRow(SweepPoint(shown, p, m, error=str(exc)), fixed, recompute=rc))
             continue
-        met = compute_metrics(simulate(graph, costs, engine=engine))
+        met = compute_metrics(simulate(graph, costs, engine=engine, step_barrier=step_barrier))
         peak = max(r.peak_memory_bytes for r in met.per_rank)
         acts = peak_activations(schedule)
         if reuse and not searches and not rc:
             seen[id(schedule)] = Evaluation(schedule, met.makespan, met.bubble_ratio, peak, acts,
                                             budget.admits(peak, acts))
-        rows.append(SweepRow(SweepPoint(shown, p, m, met.makespan, met.bubble_ratio, peak, met.comm_hidden_fraction),
+        rows.append(SweepRow(SweepPoint(shown, p, m, met.makespan, met.bubble_ratio, peak, met.comm_hidden_fraction,
+                                        math.nan if met.period is None else met.period),
                              schedule.num_model_stages // p, acts, budget.admits(peak, acts), rc))
     if progress:
         progress(len(todo), "done")
@@ -131,7 +135,7 @@ def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], 
 def sweep(ranks: int | Iterable[int], microbatches: int | Iterable[int], schedules: Iterable[str] | None = None, *,
           costs: CostModel | None = None, chunks: int | Iterable[int] | None = None, engine: str = "des",
           max_activations: float | None = None, memory_limit: float | None = None,
-          recompute: bool | str = False,
+          recompute: bool | str = False, step_barrier: str = "all",
           progress: Callable[[int, str], None] | None = None) -> list[SweepRow]:
     """Simulate each built-in in `schedules` (default: all but zb-auto, which searches
     and is slower) at every rank count in `ranks`, microbatch count in `microbatches`
@@ -145,7 +149,9 @@ def sweep(ranks: int | Iterable[int], microbatches: int | Iterable[int], schedul
     activations, >= 1) and `memory_limit` (bytes, > 0): zb-auto searches under it and
     every row says whether it `fits`. `recompute`: False or "off" (default), True or
     "on" (every model stage recomputes its activations, rows named NAME+recompute), or
-    "both". `ranks`, `microbatches` and `chunks`: an integer >= 1 or a list of them.
+    "both". `step_barrier`: "all" (default) or "none": steps back to back without a
+    barrier, each point's `period` the seconds per step then (`simulator.steps`).
+    `ranks`, `microbatches` and `chunks`: an integer >= 1 or a list of them.
     Seconds and bytes throughout (SweepRow); ValueError (ScheduleError for an unknown
     schedule name) on bad arguments.
     """
@@ -163,5 +169,7 @@ def sweep(ranks: int | Iterable[int], microbatches: int | Iterable[int], schedul
     budget = Budget(max_activations, memory_limit).check()
     if recompute == "auto":
         raise ValueError("recompute must be True, False, 'off', 'on' or 'both', got 'auto'")
+    check_steps(1, step_barrier)
+    check_step_costs(costs, step_barrier)
     return sweep_rows(names, rank_counts, counts, costs, v_counts, engine, progress, budget,
-                      recompute_modes(recompute))
+                      recompute_modes(recompute), step_barrier)

@@ -64,6 +64,8 @@ class Timeline:
     edge_end: np.ndarray
     task_start: np.ndarray
     task_end: np.ndarray
+    rank_free: np.ndarray | None = None  # per rank: when it may start a next unit (None: not recorded)
+    link_free: np.ndarray | None = None  # per link of Timing.links: when it is free again
 
 
 def resolve(graph: TaskGraph, costs: CostModel, *, noise_cv: float = 0.0,

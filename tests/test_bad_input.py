@@ -2,6 +2,10 @@
 nothing written, never a traceback or a hang. One case per way a file or flag can be
 wrong, so a regression names the exact input."""
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -264,3 +268,107 @@ def test_cost_adaptive_builders_accept_zero_op_times(name, f, b, w):
     costs = uniform(f, b, w)
     p, m = 4, 8
     assert makespan(build(name, p, m, op_time=costs.op_time_for(p)), costs) >= m * (f + b + w) - 1e-9
+
+
+# --- bounds checked in the time it takes to read the input ----------------------------
+
+PLAN = ["plan", "-p", "4", "-m", "8", "--f", "1ms"]
+
+
+@pytest.mark.parametrize("args", [
+    [*PLAN, "--memory-limit", "1e308", "--activation-memory", "1GiB"],
+    [*PLAN, "--memory-limit", "9e307", "--activation-memory", "1GiB"],
+    [*PLAN, "--memory-limit", "1.7e308", "--activation-memory", "1GiB"],
+    [*PLAN, "--memory-limit", "8GiB", "--activation-memory", "1e-300"],
+    ["simulate", "zb-auto", "-p", "4", "-m", "8", "--memory-limit", "1e308", "--activation-memory", "1GiB"],
+])
+def test_byte_limits_beyond_any_activation_count_do_not_overflow(capsys, args):
+    # the activations a byte limit leaves room for overflowed int(): an internal error
+    assert main(args) == 0, capsys.readouterr().err
+    assert "internal error" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["plan", "-p", "100000"], "-m (default 2p): 200,000 microbatches is more than the 33"),
+    (["plan", "-p", "3", "--schedules", "dualpipe"], "no schedule could be built for p=3: dualpipe needs an even"),
+    (["plan", "-p", "4", "--global-batch", "10000000000", "--microbatch-size", "1"],
+     "--global-batch / --microbatch-size: 10,000,000,000 microbatches is more than the 833,333"),
+    (["plan", "-p", "4", "-m", "1..99999999999999999999"], "microbatches is more than the 833,333"),
+    (["plan", "-p", "4", "-m", "4,99999999999999999999"], "microbatches is more than the 833,333"),
+    (["plan", "-p", "99999999999"], "ranks a schedule within the 10,000,000 op limit"),
+    (["plan", "-p", "4", "-m", "1..800000"], "more than the 10,000,000 a plan takes"),
+    (["plan", "-p", "4", "-m", "8", "--schedules", "dualpipe", "-v", "2"], "no candidate to build"),
+])
+def test_plan_names_why_nothing_could_be_planned(capsys, args, message):
+    # it said "no schedule fits the memory budget (no limit)", or searched for minutes
+    t0 = time.monotonic()
+    refused(capsys, args, message)
+    assert time.monotonic() - t0 < 5
+
+
+def test_plan_json_is_strict_json_for_degenerate_costs(capsys):
+    assert main(["plan", "-p", "2", "-m", "4", "--f", "0", "--b", "0", "--w", "1e-320", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert doc["best"]["throughput"] is None  # infinite: written as null
+
+
+LAYERS = '{"layers": {"layer": {"forward": 1, "activation_memory": MEM}, "count": COUNT}}'
+LAYER_FILES = {
+    "count_1e18.json": (LAYERS.replace("MEM", "1").replace("COUNT", str(10 ** 18)),
+                        "layers.count is 1000000000000000000; a model has at most 100,000 layers"),
+    "count_1e9.json": ('{"layers": {"layer": {"forward": 1}, "count": 1000000000}}',  # 58 bytes
+                       "layers.count is 1000000000; a model has at most 100,000 layers"),
+    "count_digits.json": (LAYERS.replace("MEM", "1").replace("COUNT", "9" * 4000),
+                          "layers.count is an integer of 4000 digits"),
+    "count_1e29.toml": ("[layers]\ncount = 100000000000000000000000000000\n[layers.layer]\nforward = 1\n",
+                        "a model has at most 100,000 layers"),
+    "memory_1e308.json": (LAYERS.replace("MEM", "1e308").replace("COUNT", "8"), "overflow to infinity"),
+    "times_1e308.json": ('{"layers": {"layer": {"forward": 1e308}, "count": 8}}',
+                         "the layers' times add up to more than the largest float"),
+    "stages_1e308.json": ('{"model_stages": [' + ", ".join(['{"forward": 1, "backward_input": 1e308}'] * 4) + "]}",
+                          "overflow to infinity"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_FILES))
+def test_a_cost_file_s_layers_are_bounded_before_use(tmp_path, capsys, name):
+    content, message = LAYER_FILES[name]
+    path = tmp_path / name
+    path.write_text(content)
+    t0 = time.monotonic()
+    for p in (2, 8):  # 8 ranks merge the four model stages two by two
+        refused(capsys, ["simulate", "1f1b", "-p", p, "-m", 8, "--costs", path], message)
+    assert time.monotonic() - t0 < 5
+
+
+def test_the_documented_layer_limit_is_split_balanced_in_seconds(tmp_path):
+    # 100,000 layers, balanced: the O(S n^2) programme ran for minutes
+    path = tmp_path / "c.json"
+    path.write_text('{"layers": {"layer": {"forward": "1ms", "backward_input": "1ms", "backward_weight": "1ms"}, '
+                    '"count": 100000, "embedding": {"forward": "40ms"}}}')
+    proc = subprocess.run([sys.executable, "-m", "pipesched", "simulate", "1f1b", "-p", "4", "-m", "4", "--costs",
+                           str(path), "--partition", "balanced", "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["makespan"] > 0
+
+
+@pytest.mark.parametrize("figsize,message", [
+    ("1000,1000", "a side must be more than 0 and at most 100 inches"),
+    ("200,200", "at most 100 inches"),
+    ("100000,100000", "at most 100 inches"),
+    ("60,60", "more than the 67,108,864 drawn"),
+    ("0,5", "more than 0"),
+])
+def test_figure_sizes_are_bounded(capsys, tmp_path, figsize, message):
+    # 1000,1000 was a MemoryError, 100000,100000 a ValueError, 200,200 took 3.6 GB
+    refused(capsys, ["simulate", "1f1b", "-p", 2, "-m", 4, "--plot", tmp_path / "t.png", "--figsize", figsize],
+            message)
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_numpy_and_matplotlib_warnings_do_not_reach_stderr(tmp_path):
+    # a window out to 1e308 s overflowed matplotlib's tick locator: a RuntimeWarning on stderr
+    proc = subprocess.run([sys.executable, "-m", "pipesched", "simulate", "1f1b", "-p", "2", "-m", "4", "--plot",
+                           str(tmp_path / "w.png"), "--window", "0,1e308"], capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"})
+    assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr

@@ -374,3 +374,338 @@ def test_options_that_would_do_nothing_are_refused(capsys, files, tmp_path, argv
 @torch_needed
 def test_seq_without_the_transformer_is_refused(capsys):
     refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", "--seq", "64"], "--seq is the sequence length of the transformer")
+
+
+# --- outputs onto devices, FIFOs and the process's own files ------------------------------
+
+def _is_char_device(path) -> bool:
+    import stat
+    return stat.S_ISCHR(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def devices_kept():
+    """/dev/null and /dev/full must still be devices after the test (an atomic write used
+    to rename a regular file over them); put back if they were replaced."""
+    yield
+    replaced = []
+    for path, minor in (("/dev/null", 3), ("/dev/full", 7)):
+        if os.path.exists(path) and not _is_char_device(path):
+            os.unlink(path)
+            subprocess.run(["mknod", "-m", "666", path, "c", "1", str(minor)], check=False)
+            replaced.append(path)
+    if replaced:
+        pytest.fail(f"{', '.join(replaced)} replaced by a regular file")
+
+
+def _read_fifo(path: Path) -> tuple:
+    import threading
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(path.read_bytes()), daemon=True)
+    reader.start()
+    return reader, got
+
+
+FIFO_OUTPUTS = {
+    "plan -o": (["plan", "-p", "4", "-m", "8", "--f", "1ms", "--b", "1ms", "--w", "1ms", "-o", "OUT"],
+                b'"format": "pipesched.schedule/1"'),
+    "simulate --trace": (["simulate", "1f1b", "-p", "2", "-m", "4", "--trace", "OUT"], b'"pipesched.trace/1"'),
+    "simulate --perfetto": (["simulate", "1f1b", "-p", "2", "-m", "4", "--perfetto", "OUT"], b'"traceEvents"'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FIFO_OUTPUTS))
+def test_an_output_onto_a_fifo_is_written_into_it(capsys, tmp_path, case):
+    argv, content = FIFO_OUTPUTS[case]
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    reader, got = _read_fifo(fifo)
+    assert main([str(fifo) if a == "OUT" else a for a in argv]) == 0, capsys.readouterr().err
+    reader.join(10)
+    assert got and content in got[0]
+    assert fifo.is_fifo() and os.listdir(tmp_path) == ["out.json"]  # not renamed over, no temporary file
+
+
+@pytest.mark.skipif(not hasattr(os, "mknod") or os.geteuid() != 0, reason="making a device node needs root")
+def test_an_output_onto_a_character_device_keeps_the_device(capsys, tmp_path, devices_kept):
+    null = tmp_path / "null"
+    os.mknod(null, 0o020666, os.makedev(1, 3))  # a null device of our own
+    for argv in (["plan", "-p", "4", "-m", "8", "--f", "1ms", "-o", null, "--plot", null.with_suffix(".png")],
+                 ["simulate", "1f1b", "-p", "2", "-m", "4", "--trace", null, "--perfetto", null]):
+        assert main([str(a) for a in argv]) == 0, capsys.readouterr().err
+        assert _is_char_device(null)
+    # and the real one, as the command line is usually given it
+    assert main(["plan", "-p", "4", "-m", "8", "--f", "1ms", "--b", "1ms", "--w", "1ms", "-o", "/dev/null"]) == 0
+    assert main(["simulate", "1f1b", "-p", "2", "-m", "4", "--trace", "/dev/null", "--perfetto", "/dev/null"]) == 0
+    assert _is_char_device("/dev/null")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_write_error_on_a_device_is_one_line(capsys, devices_kept):
+    refused(capsys, ["simulate", "1f1b", "-p", "2", "-m", "4", "--trace", "/dev/full"],
+            "cannot write '/dev/full': No space left on device")
+    assert _is_char_device("/dev/full")
+
+
+def test_a_folder_socket_or_empty_name_is_refused_as_an_output(capsys, tmp_path):
+    import socket
+    refused(capsys, ["plan", "-p", "4", "-m", "8", "-o", tmp_path], "it is a directory")
+    sock_path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(sock_path))
+        refused(capsys, ["simulate", "1f1b", "-p", "2", "-m", "4", "--trace", sock_path], "it is a socket")
+    refused(capsys, ["plan", "-p", "4", "-m", "8", "-o", ""], "-o '' names no file")
+    refused(capsys, ["simulate", "1f1b", "-p", "2", "-m", "4", "--trace", ""], "--trace '' names no file")
+    refused(capsys, ["validate", "1f1b", "-p", "2", "-m", "2", "--out", ""], "--out '' names no folder")
+
+
+def test_dev_stdout_redirected_to_a_file_gets_the_whole_output(tmp_path):
+    # opening /dev/stdout again truncated the file and wrote over what the command printed
+    out = tmp_path / "out.txt"
+    with open(out, "w") as fh:
+        proc = subprocess.run([sys.executable, "-m", "pipesched", "simulate", "1f1b", "-p", "2", "-m", "4", "--trace",
+                               "/dev/stdout"], stdout=fh, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert text.count('"format": "pipesched.trace/1"') == 1 and "critical path" in text, text[:300]
+
+
+@torch_needed
+@pytest.mark.distributed
+def test_run_writes_its_trace_into_a_fifo(tmp_path):
+    fifo = tmp_path / "t.json"
+    os.mkfifo(fifo)
+    reader, got = _read_fifo(fifo)
+    proc = subprocess.run([sys.executable, "-m", "pipesched", "run", "1f1b", "-p", "2", "-m", "2", "--hidden", "16",
+                           "--steps", "1", "--warmup", "0", "--min-time", "0", "--no-check", "--trace", str(fifo)],
+                          capture_output=True, text=True, timeout=300)
+    reader.join(10)
+    assert proc.returncode == 0, proc.stderr
+    assert got and b'"pipesched.trace/1"' in got[0] and fifo.is_fifo()
+
+
+# --- the user's --model function runs under the same rules -------------------------------------
+
+HOSTILE_MODELS = '''
+import hashlib, multiprocessing, sys, threading, time
+import torch
+from torch import nn
+from pipesched.executor.models import PipelineModel, mse_loss
+
+def _model(num_stages, microbatches, stage=nn.Linear):
+    torch.manual_seed(0)
+    xs = [torch.randn(2, 4) for _ in range(microbatches)]
+    return PipelineModel([stage(4, 4) for _ in range(num_stages)], mse_loss, xs, [x.clone() for x in xs])
+
+def interrupts(n, m):
+    raise KeyboardInterrupt
+
+def base_exception(n, m):
+    raise BaseException("boom")
+
+def exits(n, m):
+    sys.exit(3)
+
+def no_stages(n, m):
+    return PipelineModel(None, mse_loss, [], [])
+
+def int_inputs(n, m):
+    model = _model(n, m)
+    model.inputs = 5
+    return model
+
+def loss_is_a_number(n, m):
+    model = _model(n, m)
+    model.loss_fn = 3
+    return model
+
+class NoState(nn.Linear):
+    def __setstate__(self, state):
+        raise ValueError("no state here")
+
+def cannot_be_unpickled(n, m):
+    return _model(n, m, NoState)
+
+def in_a_rank():
+    return multiprocessing.current_process().name.startswith("pipesched-rank")
+
+class NoStateInRanks(nn.Linear):
+    def __setstate__(self, state):
+        if in_a_rank():
+            raise ValueError("no state in a rank")
+        super().__setstate__(state)
+
+def cannot_be_unpickled_in_ranks(n, m):
+    return _model(n, m, NoStateInRanks)
+
+class HangsInRanks(nn.Linear):
+    def forward(self, x):
+        if in_a_rank():
+            time.sleep(1000)
+        return super().forward(x)
+
+def hangs_in_ranks(n, m):
+    return _model(n, m, HangsInRanks)
+
+class Hangs(nn.Linear):
+    def forward(self, x):
+        open("started", "w").close()
+        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 2 ** 31 - 1)  # minutes in C: no signal handler runs meanwhile
+
+def hangs(n, m):
+    return _model(n, m, Hangs)
+
+def leaves_a_thread(n, m):
+    threading.Thread(target=time.sleep, args=(1000,)).start()
+    return PipelineModel(None, mse_loss, [], [])
+'''
+
+
+@pytest.fixture
+def hostile(tmp_path, monkeypatch):
+    """A module of misbehaving --model functions in the working directory."""
+    (tmp_path / "hostile_models.py").write_text(HOSTILE_MODELS)
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(9)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in ("hostile_models", "exits_at_import"):
+        sys.modules.pop(name, None)
+
+
+@torch_needed
+@pytest.mark.parametrize("spec,message", [
+    ("exits_at_import:f", "--model exits_at_import:f: importing exits_at_import called sys.exit(9)"),
+    ("hostile_models:interrupts", "interrupts(num_stages, microbatches) raised KeyboardInterrupt"),
+    ("hostile_models:base_exception", "base_exception(num_stages, microbatches) failed: BaseException: boom"),
+    ("hostile_models:exits", "exits(num_stages, microbatches) called sys.exit(3)"),
+    ("hostile_models:no_stages", "returned a PipelineModel whose stages is NoneType, not a non-empty list"),
+    ("hostile_models:int_inputs", "returned a PipelineModel whose inputs is int"),
+    ("hostile_models:loss_is_a_number", "returned a PipelineModel whose loss_fn is int, not a function"),
+    ("hostile_models:cannot_be_unpickled", "cannot be unpickled, as the ranks must: ValueError: no state here"),
+])
+def test_anything_the_user_s_function_does_is_one_line_naming_it(capsys, hostile, monkeypatch, spec, message):
+    from pipesched.executor import job, launch
+
+    def boom(*args, **kwargs):
+        raise AssertionError("launched processes for bad input")
+    monkeypatch.setattr(job, "launch_local", boom)
+    monkeypatch.setattr(launch, "launch_local", boom)
+    refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", "--model", spec], f"--model {spec}")
+    refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", "--model", spec], message)
+
+
+def _cli(*args, cwd, timeout=120, **kwargs):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "pipesched", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def _one_line(proc, code: int, message: str) -> None:
+    assert proc.returncode == code and proc.stderr.count("\n") == 1 and message in proc.stderr, \
+        (proc.returncode, proc.stderr)
+
+
+@torch_needed
+def test_exit_at_import_and_threads_left_running_do_not_decide_the_exit(hostile):
+    # sys.exit(9) at import exited 9 with nothing said; a thread the function left kept the process alive
+    _one_line(_cli("run", "1f1b", "-p", 2, "-m", 2, "--model", "exits_at_import:f", cwd=hostile), 2,
+              "importing exits_at_import called sys.exit(9)")
+    t0 = time.monotonic()
+    _one_line(_cli("run", "1f1b", "-p", 2, "-m", 2, "--model", "hostile_models:leaves_a_thread", cwd=hostile,
+                   timeout=60), 2, "whose stages is NoneType")
+    assert time.monotonic() - t0 < 30
+
+
+@torch_needed
+def test_a_hang_in_the_user_s_model_check_is_cut_by_timeout(hostile):
+    t0 = time.monotonic()
+    _one_line(_cli("run", "1f1b", "-p", 2, "-m", 2, "--model", "hostile_models:hangs", "--timeout", 2,
+                   cwd=hostile, timeout=60), 2, "--model hostile_models:hangs: the model check did not finish "
+                                                 "within --timeout 2 s")
+    assert time.monotonic() - t0 < 30
+
+
+@torch_needed
+def test_sigterm_stops_a_long_model_check_at_once(hostile):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hostile), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "pipesched", "run", "1f1b", "-p", "2", "-m", "2", "--model",
+                             "hostile_models:hangs"], cwd=hostile, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (hostile / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (hostile / "started").exists()
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+        assert time.monotonic() - t0 < 5
+        assert proc.stderr.read() == "pipesched: stopped by SIGTERM\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@torch_needed
+@pytest.mark.distributed
+@pytest.mark.parametrize("spec,message", [
+    ("hostile_models:cannot_be_unpickled_in_ranks",
+     "the model hostile_models:cannot_be_unpickled_in_ranks cannot be unpickled in the rank: ValueError: no state"),
+    ("hostile_models:hangs_in_ranks", "the model check did not finish within --timeout 3 s"),
+])
+def test_the_user_s_model_failing_in_the_ranks_is_one_line(hostile, spec, message):
+    # two tracebacks and "rank 0 exited with status 1 without reporting"; a hang never timed out
+    proc = _cli("run", "1f1b", "-p", 2, "-m", 2, "--model", spec, "--timeout", 3, "--steps", 1, "--warmup", 0,
+                "--min-time", 0, cwd=hostile, timeout=120)
+    _one_line(proc, 2, message)
+    assert "Traceback" not in proc.stderr
+
+
+@torch_needed
+def test_layers_per_stage_with_a_user_model_is_refused(capsys, hostile):
+    refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", "--model", "hostile_models:exits", "--layers-per-stage",
+                     "3"], "--layers-per-stage sizes the example and hf-* models")
+
+
+@torch_needed
+@pytest.mark.parametrize("layers,message", [
+    ("1000000,1", "asks for 1,000,001 blocks in all; a model has at most 10,000"),
+    ("99999999999999999999", "a model has at most 10,000"),
+])
+def test_block_counts_are_bounded_before_anything_is_built(capsys, layers, message):
+    # 1000000,1 took 3 GB and a minute counting parameters on the meta device
+    t0 = time.monotonic()
+    refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", "--layers-per-stage", layers], message)
+    assert time.monotonic() - t0 < 5
+
+
+def _have_transformers() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("transformers") is not None
+
+
+@torch_needed
+@pytest.mark.skipif(not _have_transformers(), reason="needs transformers")
+@pytest.mark.parametrize("args", [
+    ["--model", "hf-llama", "--vocab", "1000000000"],
+    ["--model", "hf-llama", "--hidden", "1000000"],
+    ["--model", "hf-gpt2", "--seq", "100000"],
+])
+def test_hf_presets_too_large_for_the_host_are_refused_before_building(capsys, args):
+    # an allocator error, or 2.6 GB of attention in the launcher that ignored SIGTERM
+    t0 = time.monotonic()
+    refused(capsys, ["run", "1f1b", "-p", "2", "-m", "2", *args], "GiB are available")
+    assert time.monotonic() - t0 < 10
+
+
+@torch_needed
+def test_validate_makes_its_out_folder_only_when_it_has_results(tmp_path, monkeypatch):
+    # a run killed mid-way (here: failing) left an empty --out behind
+    from pipesched.executor import validation
+
+    def stopped(*args, **kwargs):
+        assert not (tmp_path / "v").exists()  # the run is under way: nothing to write yet
+        raise KeyboardInterrupt
+    monkeypatch.setattr(validation, "validate_schedule", stopped)
+    assert main(["validate", "1f1b", "-p", "2", "-m", "2", "--hidden", "16", "--out", str(tmp_path / "v")]) == 130
+    assert not (tmp_path / "v").exists()

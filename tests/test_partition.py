@@ -234,3 +234,36 @@ def test_the_python_api_states_layers_directly():
     assert [s.activation_bytes for s in costs.model_stage_costs(3, 3)] == [1e6, 1e6, 0.0]
     with pytest.raises(CostError, match="either as layers or as model_stages"):
         CostModel(layers=costs.layers, model_stages=(layer,)).check()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_large_problem_partitioner_finds_what_the_small_one_does(seed, monkeypatch):
+    # bisection on the slowest load and divide and conquer for the squares, forced on
+    # problems the plain programme also solves
+    import pipesched.simulator.partition as partition
+
+    rng = random.Random(seed)
+    n, s = rng.randint(20, 120), rng.randint(2, 9)
+    weights = [rng.choice([0.0, 1.0, rng.uniform(0, 1), rng.uniform(0, 50)]) for _ in range(n)]
+    first, last = rng.choice([0.0, rng.uniform(0, 20)]), rng.choice([0.0, rng.uniform(0, 20)])
+    small = balanced_split(weights, s, first, last)
+    monkeypatch.setattr(partition, "_DP_CELLS", -1)
+    large = balanced_split(weights, s, first, last)
+    a, b = stage_loads(weights, small, first, last), stage_loads(weights, large, first, last)
+    assert close(max(a), max(b)) and close(sum(x * x for x in a), sum(x * x for x in b))
+
+
+def test_the_largest_model_splits_in_seconds_and_larger_splits_are_refused():
+    import time
+
+    from pipesched.simulator.partition import MAX_LAYERS, MAX_STAGE_LAYERS
+    rng = random.Random(0)
+    weights = [rng.uniform(0.5, 1.5) for _ in range(MAX_LAYERS)]
+    t0 = time.monotonic()
+    counts = balanced_split(weights, 8, first=40.0, last=20.0)
+    assert time.monotonic() - t0 < 10  # the O(S n^2) programme took minutes
+    assert sum(counts) == MAX_LAYERS and max(stage_loads(weights, counts, 40.0, 20.0)) < sum(weights) / 8 + 45
+    with pytest.raises(PartitionError, match=f"more than the {MAX_STAGE_LAYERS:,} stages x layers"):
+        balanced_split(weights, MAX_STAGE_LAYERS // MAX_LAYERS + 1)
+    with pytest.raises(PartitionError, match="more than the 100,000 a split takes"):
+        balanced_split([1.0] * (MAX_LAYERS + 1), 2)

@@ -8,16 +8,16 @@ file that `pipesched simulate --costs` reads.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from pipesched.simulator.cost_file import save, to_dict
 
 from ..errors import UsageError
 from ..executor_args import (add_calibration_args, add_executor_args, bucket_of, calibration_options,
-                             check_launchable_ranks, import_executor, model_from_args, prepare_checked, replicas_of)
+                             check_launchable_ranks, import_executor, model_from_args, model_label, prepare_checked,
+                             replicas_of)
 from ..options import add_schedule_args, schedule_from_args
-from ..formatting import fmt_seconds
+from ..formatting import fmt_seconds, json_text
 from ..tables import print_costs
 from ..terminal import check_outputs, wrote
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     check_launchable_ranks(args.ranks, replicas)
     schedule = schedule_from_args(args)
     model = model_from_args(args, schedule)
-    prepare_checked(schedule, model, args.backend, replicas)
+    prepare_checked(schedule, model, args.backend, replicas, args.timeout, model_label(args))
     if replicas > 1 and under_torchrun():
         raise UsageError("calibrate --dp launches its own ranks twice; run it without torchrun")
     try:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         costs = measured_layers(costs, model, schedule, args)
     save(costs, args.output)
     if args.json:
-        print(json.dumps(to_dict(costs), indent=1))
+        print(json_text(to_dict(costs)))
     else:
         print_costs(costs)
         if costs.layers is not None:

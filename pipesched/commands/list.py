@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from pipesched.schedules.registry import BUILDERS
+
+from ..formatting import json_text
 
 
 def add_parser(sub) -> None:
@@ -18,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
              "model_stages": b.model_stages, "constraints": b.constraints,
              "adapts_to_costs": b.adapts_to_costs, "summary": b.summary} for b in BUILDERS.values()]
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json_text(rows))
         return 0
     width = max(len(r["name"]) for r in rows)
     print(f"{'schedule':<{width}}  {'v':<2} {'stages':<6}  constraints; description")

@@ -10,19 +10,19 @@ and `validate` take.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 
 from pipesched.schedules import fileformat
-from pipesched.schedules.registry import BUILDERS
+from pipesched.schedules.registry import BUILDERS, MAX_OPS
 from pipesched.simulator.budget import engine_for
-from pipesched.simulator.planner import JITTER_CV, JITTER_RUNS, JITTER_TOP, Candidate, Plan, plan, search_size
+from pipesched.simulator.planner import (JITTER_CV, JITTER_RUNS, JITTER_TOP, Candidate, Plan, max_microbatches, plan,
+                                         search_size)
 from pipesched.simulator.units import parse_bandwidth, parse_bytes, parse_seconds
 
 from ..errors import UsageError
-from ..formatting import fmt_bytes, fmt_seconds
-from ..options import (COST_DESTS, add_budget_args, add_cost_args, add_recompute_arg, budget_from_args,
-                       costs_from_args, parse_counts, recompute_modes)
+from ..formatting import fmt_bytes, fmt_seconds, json_text
+from ..options import (COST_DESTS, add_budget_args, add_cost_args, add_recompute_arg, add_step_args,
+                       budget_from_args, costs_from_args, parse_counts, recompute_modes)
 from ..terminal import Progress, check_outputs
 
 RESCUES_SHOWN = 5  # schedules named as fitting only with recomputation, fastest first
@@ -40,6 +40,7 @@ def add_parser(sub) -> None:
     add_recompute_arg(p, search=True, default="auto")
     add_budget_args(p)
     add_cost_args(p)
+    add_step_args(p, steps=False)
     p.add_argument("-o", "--output", metavar="FILE.json", help="write the winning schedule file")
     p.add_argument("--plot", metavar="OUT.png|svg", help="draw the winner's predicted timeline")
     p.add_argument("--top", type=int, default=15, metavar="N", help="rows of the ranked table (default 15)")
@@ -48,7 +49,10 @@ def add_parser(sub) -> None:
 
 
 def parse_range(text: str | None, ranks: int) -> list[int]:
+    """The microbatch counts -m asks for (default 2p), each at most what a schedule on
+    `ranks` ranks can have within the op limit (checked before the list is made)."""
     if text is None:
+        check_microbatches(2 * ranks, ranks, "-m (default 2p)")
         return [2 * ranks]
     if ".." in text:
         lo_hi = text.split("..")
@@ -58,12 +62,24 @@ def parse_range(text: str | None, ranks: int) -> list[int]:
             raise UsageError(f"-m A..B needs two integers, got {text!r}") from None
         if lo < 1 or hi < lo or len(lo_hi) != 2:
             raise UsageError(f"-m A..B needs 1 <= A <= B, got {text!r}")
+        check_microbatches(hi, ranks, "-m A..B")
         out = []
         while lo <= hi:
             out.append(lo)
             lo *= 2
         return out
-    return parse_counts(text)
+    counts = parse_counts(text)
+    check_microbatches(counts[-1], ranks, "-m")
+    return counts
+
+
+def check_microbatches(m: int, ranks: int, flag: str) -> None:
+    """UsageError when no schedule on `ranks` ranks could have `m` microbatches."""
+    most = max_microbatches(ranks)
+    if m > most:
+        shown = f"{m:,}" if m < 10 ** 30 else f"a number of {len(str(m))} digits"
+        raise UsageError(f"{flag}: {shown} microbatches is more than the {most:,} a schedule on {ranks:,} ranks can "
+                         f"have ({MAX_OPS:,} ops of F, B and W at most)")
 
 
 def parse_chunks(text: str) -> list[int]:
@@ -120,6 +136,9 @@ def cost_words(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         raise UsageError(f"-p must be >= 1, got {args.ranks}")
+    if args.ranks > MAX_OPS // 3:
+        raise UsageError(f"-p {args.ranks:,} is more than the {MAX_OPS // 3:,} ranks a schedule within the "
+                         f"{MAX_OPS:,} op limit can have")
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
     samples = args.microbatch_size
@@ -131,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         if args.global_batch < 1 or args.global_batch % samples:
             raise UsageError(f"--global-batch {args.global_batch} is not a positive multiple of --microbatch-size {samples}")
         counts = [args.global_batch // samples]
+        check_microbatches(counts[0], args.ranks, "--global-batch / --microbatch-size")
     else:
         counts = parse_range(args.microbatches, args.ranks)
     vs = parse_chunks(args.chunks)
@@ -149,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = plan(args.ranks, counts, costs=costs, chunks=vs, schedules=names,
                       max_activations=budget.max_activations, memory_limit=budget.memory_limit,
-                      recompute=args.recompute, microbatch_size=samples, progress=bar)
+                      recompute=args.recompute, microbatch_size=samples, progress=bar,
+                      step_barrier=args.step_barrier)
     finally:
         bar.close()
     best = result.best.result.schedule
@@ -160,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         from pipesched.simulator.api import simulate
         plot_timeline(simulate(best, costs, engine=engine_for(costs)), args.plot)
     if args.json:
-        print(json.dumps({**result.to_dict(), "output": args.output}, indent=1))
+        print(json_text({**result.to_dict(), "output": args.output}))
         return 0
     show_table(args, result)
     return 0
@@ -184,7 +205,9 @@ def show_table(args: argparse.Namespace, result: Plan) -> None:
     room_in_activations = budget.max_activations is not None and not (budget.memory_limit is not None and bytes_given)
     room_head = "headroom (microbatches)" if room_in_activations else "headroom"
     room_width = max(10, len(room_head))
-    head = f"{'#':>3} {'schedule':<20} {'m':>4} {'v':>2}  {'makespan':>10}  {unit:>14}  {'bubble':>7}  "
+    periods = best.period is not None  # planned for steps without a barrier: ranked by microbatches per period
+    head = (f"{'#':>3} {'schedule':<20} {'m':>4} {'v':>2}  {'makespan':>10}  "
+            + (f"{'period':>10}  " if periods else "") + f"{unit:>14}  {'bubble':>7}  ")
     head += f"{'peak mem':>10}  " if bytes_given else ""
     head += f"{'activ.':>6}  {room_head:>{room_width}}  {'p95':>10}"
     print(head)
@@ -197,7 +220,8 @@ def show_table(args: argparse.Namespace, result: Plan) -> None:
         else:
             room = "-"
         line = (f"{i:>3} {c.label:<20} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
-                f"{c.throughput(samples):>14.4g}  {100 * r.bubble:>6.2f}%  ")
+                + (f"{fmt_seconds(c.period):>10}  " if periods else "")
+                + f"{c.throughput(samples):>14.4g}  {100 * r.bubble:>6.2f}%  ")
         line += f"{fmt_bytes(r.peak_bytes):>10}  " if bytes_given else ""
         line += f"{r.peak_activations:>6g}  {room:>{room_width}}  {fmt_seconds(c.p95) if c.p95 else '-':>10}"
         print(line)
@@ -217,11 +241,15 @@ def show_table(args: argparse.Namespace, result: Plan) -> None:
               + ", ".join(f"{c.schedule} m={c.microbatches} v={c.v} ({held(c, '')} with, {held(without, '')} without)"
                           for c, without in rescued[:RESCUES_SHOWN]) + more)
     print(f"p95: makespan of {JITTER_RUNS} runs with op times jittered by cv {JITTER_CV} (best {JITTER_TOP} only); "
-          "activ.: microbatches of one pipeline stage's activations held (1F1B holds p)")
+          "activ.: microbatches of one pipeline stage's activations held (1F1B holds p)"
+          + ("; period: seconds per step back to back without a barrier, which the throughput counts" if periods
+             else ""))
     origin = f" (built from {best.origin})" if best.schedule == "zb-auto" else ""
     origin += " with recomputation" if best.recompute else ""
     print(f"best: {best.schedule}{origin} with m={best.microbatches}, v={best.v}: makespan "
-          f"{fmt_seconds(best.result.makespan)}, peak {fmt_bytes(best.result.peak_bytes) if bytes_given else ''}"
+          f"{fmt_seconds(best.result.makespan)}"
+          + (f", period {fmt_seconds(best.period)} without a barrier" if periods else "")
+          + f", peak {fmt_bytes(best.result.peak_bytes) if bytes_given else ''}"
           f"{' / ' if bytes_given else ''}{best.result.peak_activations:g} microbatches of activations")
     if args.output:
         words = cost_words(args)

@@ -8,13 +8,12 @@ spawns the ranks locally.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from ..executor_args import (add_executor_args, add_measurement_args, check_launchable_ranks, import_executor,
-                             model_from_args, prepare_checked, run_options)
-from ..formatting import fmt_bytes, fmt_seconds
-from ..options import add_schedule_args, schedule_from_args
+                             model_from_args, model_label, prepare_checked, run_options)
+from ..formatting import fmt_bytes, fmt_seconds, json_text
+from ..options import add_schedule_args, add_step_args, schedule_from_args
 from ..terminal import check_outputs, printable, wrote
 
 
@@ -23,6 +22,7 @@ def add_parser(sub) -> None:
     add_schedule_args(p)
     add_executor_args(p)
     add_measurement_args(p, warmup=1)
+    add_step_args(p, steps=False)
     p.add_argument("--trace", metavar="OUT.json",
                    help="write the measured Trace (the step of median makespan; with --dp the step nearest the mean)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     check_launchable_ranks(args.ranks, options.dp)
     schedule = schedule_from_args(args)
     model = model_from_args(args, schedule)
-    graph = prepare_checked(schedule, model, args.backend, options.dp)
+    graph = prepare_checked(schedule, model, args.backend, options.dp, args.timeout, model_label(args))
     try:
         result = start(schedule, model, options, args.backend)
     except ExecutorError as exc:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         wrote(args.trace, to_stderr=args.json)
     summary = result.summary()
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json_text(summary))
     else:
         print_table(summary, graph.schedule.num_model_stages)
     check = result.check
@@ -66,6 +66,10 @@ def print_table(s: dict, model_stages: int) -> None:
     print(f"step time median {fmt_seconds(s['step_time_median'])} over {s['steps']} steps; {which}: makespan "
           f"{fmt_seconds(s['makespan'])}, bubble {100 * s['bubble_ratio']:.2f} %, communication "
           f"{fmt_seconds(s['comm_time'])} ({100 * s['comm_hidden_fraction']:.1f} % hidden under compute)")
+    if s.get("period"):
+        print(f"period {fmt_seconds(s['period'])} per step (median of rank 0's step-start differences, "
+              f"{'no barrier' if s.get('step_barrier') == 'none' else 'a barrier'} between steps), throughput "
+              f"{s['throughput']:.4g} microbatches/s")
     if s.get("data_parallel"):
         d = s["data_parallel"]
         print(f"data parallel: {d['degree']} replicas ({s['ranks'] * d['degree']} processes, the batch "

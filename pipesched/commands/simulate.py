@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import numpy as np
@@ -16,8 +15,8 @@ from pipesched.simulator.trace import Trace
 
 from ..errors import UsageError
 from ..figure_options import add_figure_args, check_figure_args, figure_options, write_perfetto
-from ..formatting import fmt_bytes, fmt_seconds
-from ..options import add_schedule_args, costs_from_args, schedule_from_args
+from ..formatting import fmt_bytes, fmt_seconds, json_text
+from ..options import add_schedule_args, add_step_args, check_step_args, costs_from_args, schedule_from_args
 from ..terminal import Progress, check_outputs, printable, wrote
 
 MAX_RUNS = 100_000
@@ -36,6 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--runs", type=int, help=f"stochastic mode: this many noisy runs (at most {MAX_RUNS:,})")
     p.add_argument("--cv", type=float, help="with --runs: coefficient of variation of op times (default 0.1)")
     p.add_argument("--seed", type=int, help="with --runs: random seed (default 0)")
+    add_step_args(p)
     p.add_argument("--json", action="store_true", help="print metrics as JSON")
     p.add_argument("--trace", metavar="OUT.json", help="write the predicted Trace")
     p.add_argument("--plot", metavar="OUT.png|svg", help="draw the predicted timeline (with memory)")
@@ -56,12 +56,15 @@ def engine_label(trace: Trace) -> str:
     return f"{trace.meta['engine']} engine" + (f" ({choice})" if choice else "")
 
 
-def print_table(m: Metrics, engine: str, model_stages: int, data_parallel: dict | None = None) -> None:
+def print_table(m: Metrics, engine: str, model_stages: int, data_parallel: dict | None = None,
+                steps: dict | None = None) -> None:
     print(f"{printable(m.schedule)}: {m.ranks} ranks, {m.microbatches} microbatches, {model_stages} model stages, "
           f"{engine}")
     comm = (f"communication {fmt_seconds(m.comm_time)} ({100 * m.comm_hidden_fraction:.1f} % hidden under compute)"
             if m.comm_time > 0 else "communication free (no transfer costs given)")
     print(f"makespan {fmt_seconds(m.makespan)}, bubble {100 * m.bubble_ratio:.2f} %, {comm}")
+    if m.period is not None:
+        print(steps_line(m, (steps or {}).get("period_method"), (steps or {}).get("critical")))
     if data_parallel is not None:
         print(f"step tail: {data_parallel['degree']} data-parallel replicas, all-reduce "
               f"{fmt_seconds(m.allreduce_time / m.ranks)} per rank on average, {fmt_seconds(m.allreduce_exposed)} "
@@ -73,9 +76,22 @@ def print_table(m: Metrics, engine: str, model_stages: int, data_parallel: dict 
     ops = sum(s.kind == "compute" for s in m.critical_path)
     xfers = len(m.critical_path) - ops
     busy = sum(s.end - s.start for s in m.critical_path if s.kind == "compute")
-    print(f"critical path: {ops} ops and {xfers} transfers, compute {fmt_seconds(busy)} of "
-          f"{fmt_seconds(m.makespan)}; starts with {fmt_step(m.critical_path[0])}, "
+    span = m.step_makespan if m.steps > 1 and m.step_makespan else m.makespan  # the path is the first step's
+    print(f"critical path{' of the first step' if m.steps > 1 else ''}: {ops} ops and {xfers} transfers, compute "
+          f"{fmt_seconds(busy)} of {fmt_seconds(span)}; starts with {fmt_step(m.critical_path[0])}, "
           f"ends with {fmt_step(m.critical_path[-1])}")
+
+
+def steps_line(m: Metrics, method: str | None = None, critical: list | None = None) -> str:
+    """The steps' line: how many, the barrier, the period beside the first step's
+    makespan, and the throughput."""
+    how = {"max-plus": "exact, max-plus", "barrier": "the step's end", "simulated": "simulated steps"}.get(method or "")
+    line = (f"{m.steps} step{'s' if m.steps > 1 else ''}, barrier {m.step_barrier}: period {fmt_seconds(m.period)} "
+            f"per step{f' ({how})' if how else ''} against a one-step makespan of {fmt_seconds(m.step_makespan)}, "
+            f"throughput {m.throughput:.4g} microbatches/s")
+    if critical:
+        line += f"; set by {', '.join(map(str, critical[:6]))}{', ...' if len(critical) > 6 else ''}"
+    return line
 
 
 def fmt_step(step: PathStep) -> str:
@@ -121,6 +137,7 @@ def check_stochastic_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_stochastic_args(args)
+    check_step_args(args)
     check_figure_args(args, args.plot, "--plot")
     check_outputs({"--trace": args.trace, "--plot": args.plot, "--perfetto": args.perfetto},
                   {"SCHEDULE": args.schedule, "--costs": args.costs})
@@ -132,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--engine exact cannot model ranks sharing compute; use the DES (--engine des or auto)")
     schedule = schedule_from_args(args, costs)
     graph = validate(schedule)
-    trace = simulate(graph, costs, engine=args.engine)
+    trace = simulate(graph, costs, engine=args.engine, steps=args.steps, step_barrier=args.step_barrier)
     metrics = compute_metrics(trace, graph)
     stats = None
     if args.runs:
@@ -169,9 +186,13 @@ def run(args: argparse.Namespace) -> int:
             out["engine_choice"] = trace.meta["engine_choice"]
         if stats:
             out["stochastic"] = stats.to_dict()
-        print(json.dumps(out, indent=1))
+        if "steps" in trace.meta:
+            out["period_method"] = trace.meta["steps"].get("period_method")
+            out["period_critical"] = trace.meta["steps"].get("critical")
+        print(json_text(out))
         return 0
-    print_table(metrics, engine_label(trace), schedule.num_model_stages, trace.meta.get("data_parallel"))
+    print_table(metrics, engine_label(trace), schedule.num_model_stages, trace.meta.get("data_parallel"),
+                trace.meta.get("steps"))
     if costs.layers is not None:
         print_split(split_summary(costs.layers, schedule.num_model_stages))
     if stats:

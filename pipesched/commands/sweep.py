@@ -18,8 +18,8 @@ from pipesched.simulator.sweep import SweepRow, default_schedules, sweep, sweep_
 from .. import terminal
 from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds
-from ..options import (add_budget_args, add_cost_args, add_recompute_arg, budget_from_args, costs_from_args,
-                       parse_counts, recompute_modes)
+from ..options import (add_budget_args, add_cost_args, add_recompute_arg, add_step_args, budget_from_args,
+                       costs_from_args, parse_counts, recompute_modes)
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
 ACTIVATIONS = "activations (microbatches)"  # the table's column of activations held
@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     add_budget_args(p)
     add_cost_args(p)
     p.add_argument("--engine", choices=("des", "exact"), default="des", help="simulation engine (default des)")
+    add_step_args(p, steps=False)
     p.add_argument("--plot", metavar="OUT.png|svg", help="write the comparison chart")
     p.add_argument("--pareto-m", type=int, metavar="M", help="microbatches of the chart's Pareto panel "
                                                             "(default: the largest swept)")
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = sweep(ranks, counts, names, costs=costs, chunks=None if args.chunks is None else chunks,
                      engine=args.engine, max_activations=budget.max_activations, memory_limit=budget.memory_limit,
-                     recompute=args.recompute, progress=bar)
+                     recompute=args.recompute, step_barrier=args.step_barrier, progress=bar)
     finally:
         bar.close()
     if all(r.point.error for r in rows):
@@ -123,8 +124,10 @@ def show_table(rows: list[SweepRow], budget: Budget) -> None:
     """Memory in bytes when the costs give any, and always as microbatches of activations
     (so unit costs do not print "0 B" for every schedule)."""
     in_bytes = any(r.point.peak_memory > 0 for r in rows if not r.point.error)
+    periods = any(r.point.period == r.point.period for r in rows if not r.point.error)  # not nan: no barrier
     width = max([17] + [len(r.point.schedule) for r in rows])
-    print(f"{'schedule':<{width}} {'p':>3} {'v':>2} {'m':>4}  {'makespan':>11}  {'bubble':>7}  "
+    print(f"{'schedule':<{width}} {'p':>3} {'v':>2} {'m':>4}  {'makespan':>11}  "
+          + (f"{'period':>11}  " if periods else "") + f"{'bubble':>7}  "
           + (f"{'peak memory':>12}  " if in_bytes else "") + f"{ACTIVATIONS:>{len(ACTIVATIONS)}}"
           + ("  fits" if budget else ""))
     for r in rows:
@@ -133,7 +136,9 @@ def show_table(rows: list[SweepRow], budget: Budget) -> None:
         if p.error:
             print(f"{lead}skipped: {p.error}")
             continue
-        print(lead + f"{fmt_seconds(p.makespan):>11}  {100 * p.bubble_ratio:>6.2f}%  "
+        print(lead + f"{fmt_seconds(p.makespan):>11}  " + (f"{fmt_seconds(p.period):>11}  " if periods else "")
+              + f"{100 * p.bubble_ratio:>6.2f}%  "
               + (f"{fmt_bytes(p.peak_memory):>12}  " if in_bytes else "") + f"{r.activations:>{len(ACTIVATIONS)}g}"
               + (("  yes" if r.fits else "  over") if budget else ""))
-    print("activations: most microbatches of one pipeline stage's activations a rank holds, F to W (1F1B holds p)")
+    print("activations: most microbatches of one pipeline stage's activations a rank holds, F to W (1F1B holds p)"
+          + ("; period: seconds per step with steps back to back, no barrier between them" if periods else ""))

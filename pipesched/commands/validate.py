@@ -12,18 +12,18 @@ the error); --replay adds the replay per rank and writes replay.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from ..executor_args import (add_calibration_args, add_executor_args, add_measurement_args, calibration_options,
-                             check_launchable_ranks, import_executor, model_from_args, prepare_checked, run_options)
-from ..formatting import fmt_bytes, fmt_rel, fmt_seconds
+                             check_launchable_ranks, import_executor, model_from_args, model_label, prepare_checked,
+                             run_options)
+from ..formatting import fmt_bytes, fmt_rel, fmt_seconds, json_text
 from ..options import add_schedule_args, schedule_from_args
 from ..tables import print_costs
 from ..terminal import printable, wrote
 from .validate_many import is_list, run_many
-from .validate_out import check_out_folder, make_out_folder, remove_if_empty, run_into, write_results
+from .validate_out import check_out_folder, make_out_folder, probe_out_folder, run_into, write_results
 
 
 def add_parser(sub) -> None:
@@ -60,20 +60,22 @@ def run(args: argparse.Namespace) -> int:
     check_launchable_ranks(args.ranks, options.dp)
     schedule = schedule_from_args(args)
     model = model_from_args(args, schedule)
-    prepare_checked(schedule, model, args.backend, options.dp)
+    prepare_checked(schedule, model, args.backend, options.dp, args.timeout, model_label(args))
     calibration = calibration_options(args)
-    out = make_out_folder(args.out)  # the last check before the long work
-    result, status = run_into(out, lambda: validate_schedule(schedule, model, options, calibration, args.backend))
+    # the folder is made once there is something to write into it (probed here, the last
+    # check before the long work): a run stopped or killed on the way leaves no empty --out
+    probe_out_folder(args.out)
+    result, status = run_into(None, lambda: validate_schedule(schedule, model, options, calibration, args.backend))
     if status:
         return status
     if result is None:  # a rank other than 0 under torchrun
-        remove_if_empty(out)
         return 0
+    out = make_out_folder(args.out)
     summary = write_results(result, out, args.replay)
     for warning in summary["warnings"]:
         print(f"pipesched: warning: {warning}", file=sys.stderr)
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json_text(summary))
         wrote(out, ", ".join(Path(f).name for f in summary["files"]), to_stderr=True)
     else:
         print_report(summary, result.costs, args.replay)

@@ -13,9 +13,10 @@ from pipesched.simulator.cost_file import save
 from ..errors import UsageError
 
 
-def run_into(out: Path, work):
-    """(`work()`, 0); on an executor error one line and (None, its exit status). `out` is
-    removed when nothing was written into it, on any exception (which propagates)."""
+def run_into(out: Path | None, work):
+    """(`work()`, 0); on an executor error one line and (None, its exit status). `out` (if
+    made yet) is removed when nothing was written into it, on any exception (which
+    propagates)."""
     from pipesched.executor.comm import ExecutorError
 
     try:
@@ -49,6 +50,8 @@ def write_results(result, out: Path, replay: bool) -> dict:
 def check_out_folder(out: str, schedule: str) -> None:
     """UsageError before any work unless --out is (or can be made) a writable folder
     whose files are not the input schedule."""
+    if not out:
+        raise UsageError("--out '' names no folder; leave --out out to write into a new temporary folder")
     folder = Path(out)
     existing = folder
     while not existing.exists() and existing != existing.parent:  # the folders --out would create
@@ -75,7 +78,28 @@ def make_out_folder(out: str | None) -> Path:
     return Path(out)
 
 
-def remove_if_empty(folder: Path) -> None:
+def probe_out_folder(out: str | None) -> None:
+    """UsageError unless --out can be made: the folders it needs are made and removed at
+    once, so the folder itself is made only when there are results to write into it (a
+    run stopped or killed on the way leaves no empty --out behind)."""
+    if out is None:
+        return
+    missing, folder = [], Path(out)
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out {out!r}: {exc.strerror or exc}") from None
+    finally:
+        for made in missing:  # deepest first
+            remove_if_empty(made)
+
+
+def remove_if_empty(folder: Path | None) -> None:
+    if folder is None:
+        return
     try:
         folder.rmdir()  # only succeeds when nothing was written into it
     except OSError:

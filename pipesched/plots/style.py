@@ -13,10 +13,9 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from pipesched.schedules.outputs import atomic_path  # noqa: E402
 
-from . import FigureError  # noqa: E402
+from . import DPI, FigureError  # noqa: E402,F401 - DPI is read from here too
 
 FORMATS = (".png", ".svg", ".pdf")
-DPI = 150
 
 # Forward blue, backward warm, weight-gradient green: the convention of the zero-bubble
 # and DualPipe papers' figures, so people recognise them; recompute purple, apart from all.

@@ -18,7 +18,7 @@ from ..formatting import fmt_seconds
 from .legend import HANDLER_MAP, legend_handles
 from .memory import draw_memory
 from .rows import RowLayout, draw_trace, has_allreduce, has_comm, layout_for
-from . import FigureError
+from . import FigureError, check_figure_size
 from .style import points_per_unit, save, time_axis
 
 MAX_ARROWS = 160  # with more transfers than this, only the lanes: lines would be a blur
@@ -50,6 +50,7 @@ def figure_rows(ranks: int, rows_per_rank: int = 1, memory: bool = True, figsize
         need = top + gap + mem + bottom + ranks * MIN_ROW_IN
         raise FigureError(f"a figure {height:g} in high leaves too little room for {ranks} ranks; give a height of "
                           f"at least {need:.3g} in")
+    check_figure_size(width, height)
     fig = Figure(figsize=(width, height))
     row = (height - top - gap - mem - bottom) / ranks
     fw = (width - left - right) / width
@@ -61,6 +62,11 @@ def figure_rows(ranks: int, rows_per_rank: int = 1, memory: bool = True, figsize
 
 
 def title_of(trace: Trace, m: Metrics) -> str:
+    if m.steps > 1:  # steps back to back (simulator.steps): m per step
+        steps = f"m={trace.microbatches // m.steps} x {m.steps} steps"
+        period = f", period {fmt_seconds(m.period)} (barrier {m.step_barrier})" if m.period else ""
+        return (f"{trace.schedule}: p={trace.ranks}, {steps} ({trace.source}) - makespan {fmt_seconds(m.makespan)}"
+                f"{period}, bubble {100 * m.bubble_ratio:.1f} %")
     return (f"{trace.schedule}: p={trace.ranks}, m={trace.microbatches} ({trace.source}) - makespan "
             f"{fmt_seconds(m.makespan)}, bubble {100 * m.bubble_ratio:.1f} %")
 
@@ -119,7 +125,10 @@ def drawable(trace: Trace, window: tuple[float, float] | None) -> tuple[Trace, f
         lo, hi = window
         if not (np.isfinite(lo) and np.isfinite(hi) and 0 <= lo < hi):
             raise FigureError(f"a time window needs 0 <= START < END seconds, got {lo:g}, {hi:g}")
-        trace, t0, t1 = trace.within(first + lo, first + hi), first + lo, first + hi
+        # no further than the trace's end: an axis out to 1e308 s overflows matplotlib's ticks
+        last = float(trace.end.max()) if len(trace) else first
+        end = min(hi, max(last - first, lo + abs(lo) * 1e-9 + 1e-300))
+        trace, t0, t1 = trace.within(first + lo, first + end), first + lo, first + end
         if not (trace.lane == COMPUTE).any():
             raise FigureError(f"no op runs between {lo:g} s and {hi:g} s of the trace")
     if len(trace) > MAX_SPANS_DRAWN:
