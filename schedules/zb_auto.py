@@ -6,6 +6,9 @@ looped placement of interleaved 1F1B) or both (v not given):
     every preference; on two chunks also at limits a little above it, kept only where
     the order actually holds no more than the limit (admission reserves a whole
     microbatch, so a play often holds less than it was allowed);
+  - on the V, under a given limit below 2p, the V's periodic building blocks played
+    out under the durations (`schedules.v_pattern`): below 1F1B's memory the list
+    scheduler's greedy forwards leave bubbles that a steady repeated block avoids;
   - every built-in schedule with those v (built for the same durations) that keeps one
     copy of each model stage (not DualPipe, whose two replicas are another layout).
 Each play-out is first timed with free transfers (cheap) and the best few are scored
@@ -30,6 +33,7 @@ from .bounded import exact_bound, play_timed, plays_at
 from .greedy import OpTime, unit_times
 from .ir import Schedule, ScheduleError, VirtualStage, check_positive, looped_stages, uniform_paths, v_stages
 from .timeline import makespan_under
+from .v_pattern import v_pattern_plays
 
 Score = Callable[[Schedule], float]
 """Seconds a schedule takes, or math.inf when it does not fit the caller's limit."""
@@ -38,6 +42,7 @@ Candidates = Callable[[int, int, tuple[int, ...], OpTime | None], list[Schedule]
 """(ranks, microbatches, chunks, op_time) -> the built-in schedules zb-auto competes with."""
 
 SCORED_PLAYS = 2  # play-outs per placement scored in full after the free-transfer ranking
+PATTERN_BELOW = 2.0  # under a limit below this many times p activations the V's building blocks are tried
 
 
 def default_score(op_time: OpTime, max_activations: float | None) -> Score:
@@ -68,11 +73,13 @@ def one_copy(schedule: Schedule) -> bool:
 
 
 def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: float,
-           op_time: OpTime) -> list[tuple[Schedule, float]]:
-    """Play-outs at `limit` that hold at most `limit`, with their free-transfer makespans;
-    on the V the reserving plays also run half a microbatch above it (they often hold
-    less than they were allowed). Those after SCORED_PLAYS at the exact bound are left
-    out: sorted by makespan, the first SCORED_PLAYS are the same."""
+           op_time: OpTime, blocks: bool = False) -> list[tuple[Schedule, float, str]]:
+    """Play-outs at `limit` that hold at most `limit`, with their free-transfer makespans
+    and what they are; on the V the reserving plays also run half a microbatch above it
+    (they often hold less than they were allowed), and with `blocks`, below 2p
+    activations, the V's building blocks are played too (`schedules.v_pattern`). Those
+    after SCORED_PLAYS at the exact bound are left out: sorted by makespan, the first
+    SCORED_PLAYS are the same."""
     paths, mb_paths = uniform_paths(stages, microbatches)
     two = len(stages) > ranks
     plays = plays_at(limit)
@@ -84,7 +91,7 @@ def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: flo
     # dropped as soon as it cannot finish in time (`play_timed`'s cutoff).
     out, at_bound, bound = [], 0, None
     for how in plays:
-        cutoff = sorted(t for _, t in out)[SCORED_PLAYS - 1] if len(out) >= SCORED_PLAYS else math.inf
+        cutoff = sorted(t for _, t, _ in out)[SCORED_PLAYS - 1] if len(out) >= SCORED_PLAYS else math.inf
         try:
             played = play_timed("zb-auto", ranks, microbatches, stages, paths, mb_paths, how, op_time,
                                 {"v": 2 if two else 1}, cutoff)
@@ -96,10 +103,18 @@ def _plays(ranks: int, microbatches: int, stages: list[VirtualStage], limit: flo
         if bound is None:  # after a play, which has checked the durations
             bound = exact_bound(ranks, microbatches, stages, paths, mb_paths, op_time) or -math.inf
         if peak_activations(s) <= limit + 1e-9:
-            out.append((s, makespan))
+            out.append((s, makespan, "play-out"))
             at_bound += makespan <= bound
             if at_bound >= SCORED_PLAYS:
                 break
+    if blocks and two and stages[0].rank == stages[-1].rank and at_bound < SCORED_PLAYS \
+            and limit < PATTERN_BELOW * ranks:
+        try:
+            blocks_played = v_pattern_plays(ranks, microbatches, op_time, limit, "zb-auto", SCORED_PLAYS)
+        except ScheduleError:
+            blocks_played = []  # durations no play takes (the plays above were refused alike)
+        out += [(s, makespan, "building blocks") for s, makespan in blocks_played
+                if peak_activations(s) <= limit + 1e-9]
     return out
 
 
@@ -131,8 +146,10 @@ def build_zb_auto(ranks: int, microbatches: int, chunks: int | None = None, op_t
         limits = [ranks, top] if max_activations is None else [top]
         while limits:
             limit = limits.pop(0)
-            plays = sorted(_plays(ranks, microbatches, stages, limit, op_time), key=lambda x: x[1])
-            best = min((keep(s, f"{kind} play-out at {limit:g}") for s, _ in plays[:SCORED_PLAYS]), default=math.inf)
+            plays = sorted(_plays(ranks, microbatches, stages, limit, op_time, max_activations is not None),
+                           key=lambda x: x[1])
+            best = min((keep(s, f"{kind} {what} at {limit:g}") for s, _, what in plays[:SCORED_PLAYS]),
+                       default=math.inf)
             step = 0.5 if len(stages) > ranks else 1.0  # a chunk of two holds half a microbatch
             if max_activations is not None and best == math.inf and limit - step >= 1:
                 limits.append(limit - step)  # the caller's byte limit is tighter than the estimate
