@@ -1,4 +1,4 @@
-"""How long `pipesched plan` takes on the issue's question, at p = 8.
+"""How long `pipesched plan` takes on the planning question of docs/choosing.md, at p = 8.
 
 The user: 8 ranks, F 12 ms, B 14 ms, W 10 ms, 128 MiB activations over 50 GB/s; here
 also 3 GiB of stored activations per microbatch and 12 GiB of parameters per stage.
@@ -7,7 +7,7 @@ memory limits per rank (24, 32, 40, 48 GiB), and prints:
   1. each limit planned from scratch, as one `pipesched plan` run does (wall-clock s);
   2. the four limits in one process sharing the built-ins, which do not depend on the
      limit (`simulator.planner.search(..., cache=)`), and its ratio to 1.
-Target (issue 14): the four limits under 30 s. Times are wall-clock on a machine that
+Target: the four limits under 30 s. Times are wall-clock on a machine that
 may be shared (5 agents on 2 cores while this was written): compare ratios in one run.
 Usage: python benchmarks/plan_speed.py [--quick]
 """
