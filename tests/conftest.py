@@ -14,7 +14,7 @@ pipesched-validate-*): none may outlive the test that made it."""
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_temporary_directory(tmp_path_factory) -> Path:
+def suite_temporary_directory(tmp_path_factory) -> Path:
     """The suite's temporary directory: one folder of its own, for this process
     (tempfile) and for every command a test starts (TMPDIR), so that what a test leaves
     there is seen (and never mixed up with other programs' files in the system's)."""
@@ -30,13 +30,13 @@ def session_temporary_directory(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def nothing_left_in_the_temporary_directory(session_temporary_directory: Path):
+def nothing_left_in_the_temporary_directory(suite_temporary_directory: Path):
     """Fails the test after which a pipesched-* file or folder is left in the temporary
     directory (a command that does not clean up, or a test that should pass --out
     tmp_path), and removes it so that the next test starts clean."""
-    before = set(session_temporary_directory.glob(LEFT_BEHIND))
+    before = set(suite_temporary_directory.glob(LEFT_BEHIND))
     yield
-    left = sorted(set(session_temporary_directory.glob(LEFT_BEHIND)) - before)
+    left = sorted(set(suite_temporary_directory.glob(LEFT_BEHIND)) - before)
     for path in left:
         _remove(path)
     if left:

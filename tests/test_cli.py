@@ -128,15 +128,15 @@ def test_version_falls_back_to_the_package_when_not_installed(monkeypatch):
     assert version() == pipesched.__version__
 
 
-def test_commands_write_temporary_files_where_the_suite_checks_them(session_temporary_directory):
+def test_commands_write_temporary_files_where_the_suite_checks_them(suite_temporary_directory):
     # conftest's check: what a command leaves there (e.g. a pipesched-validate-* folder) fails its test
     import os
     import tempfile
 
-    assert tempfile.gettempdir() == os.environ["TMPDIR"] == str(session_temporary_directory)
+    assert tempfile.gettempdir() == os.environ["TMPDIR"] == str(suite_temporary_directory)
     done = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
                           capture_output=True, text=True, timeout=60)
-    assert done.stdout.strip() == str(session_temporary_directory)
+    assert done.stdout.strip() == str(suite_temporary_directory)
 
 
 def test_simulate_prints_the_critical_path_in_the_tables_unit(capsys):
