@@ -13,7 +13,6 @@ from pipesched.simulator import cost_file as cost_files
 from pipesched.simulator.costs import CostModel, HostSharing, Link, Network, StageCost
 from pipesched.simulator.units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
-from pipesched.simulator import planner
 from pipesched.simulator.budget import Budget, build_within, check_fits, with_recompute
 from .dp_options import add_dp_args, apply_dp_args
 from .errors import UsageError
@@ -67,12 +66,6 @@ def add_recompute_arg(parser: argparse.ArgumentParser, search: bool = False, def
     parser.add_argument("--recompute", action="store_true",
                         help="recompute activations: F keeps only its stage input, an R op re-runs it right before "
                              "each backward (every model stage; a cost file can mark single stages)")
-
-
-def recompute_modes(choice: str, budget: Budget = Budget()) -> tuple[bool, ...]:
-    """The recompute settings a searching command tries for --recompute off|on|both
-    (auto: both under a memory budget, where recomputing can make a schedule fit, else off)."""
-    return planner.recompute_modes(choice, budget)
 
 
 def add_step_args(parser: argparse.ArgumentParser, steps: bool = True) -> None:

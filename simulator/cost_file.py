@@ -14,6 +14,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from pipesched.schedules.documents import read_document
 from pipesched.schedules.numbers import is_int
 from pipesched.schedules.outputs import write_text
 
@@ -23,10 +24,6 @@ from .layers import LayerCosts
 from .partition import MAX_LAYERS
 from .units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 FORMAT = "pipesched.costs/1"
 
@@ -242,22 +239,7 @@ def to_dict(model: CostModel) -> dict:
 
 def load(path: str | Path) -> CostModel:
     """Read a cost file: JSON, or TOML when the name ends in .toml."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise CostError(f"cannot read cost file {str(path)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise CostError(f"cost file {str(path)!r} is not UTF-8 text (JSON or TOML)") from None
-    try:
-        if path.suffix.lower() == ".toml":
-            data = tomllib.loads(text)
-        else:
-            data = json.loads(text)
-    except RecursionError:
-        raise CostError(f"cost file {str(path)!r} nests too deeply") from None
-    except ValueError as exc:
-        raise CostError(f"cost file {str(path)!r} is not valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+    data = read_document(path, "cost file", CostError)
     try:
         return from_dict(data)
     except TypeError as exc:  # e.g. a stage given as a list

@@ -135,8 +135,8 @@ class Setup:
 
 
 def allreduce_time(nbytes: float, t: int, link: Link) -> float:
-    """A ring all-reduce of `nbytes` over t ranks: 2(t-1) steps of nbytes/t."""
-    return 0.0 if t == 1 else 2 * (t - 1) * link.latency + 2 * (t - 1) / t * nbytes / link.bandwidth
+    """A ring all-reduce of `nbytes` over t ranks (`DataParallel.allreduce_time`'s ring)."""
+    return DataParallel(t, link.latency, link.bandwidth).allreduce_time(nbytes)
 
 
 def gather_time(nbytes: float, t: int, link: Link) -> float:

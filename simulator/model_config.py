@@ -21,7 +21,6 @@ field and its bound for anything unusable.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -269,8 +268,3 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     """Read a Hugging Face `config.json` (ModelConfigError for an unreadable or unusable file)."""
     data = read_document(path, "model config", ModelConfigError, MAX_CONFIG_BYTES, toml=False)
     return from_hf_dict(data, str(path))
-
-
-def params_error(config: ModelConfig, published: float) -> float:
-    """Relative difference of the counted parameters from a published count."""
-    return config.total_params() / published - 1.0 if published > 0 else math.inf

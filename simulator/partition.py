@@ -27,6 +27,8 @@ import numpy as np
 
 from pipesched.schedules.numbers import is_int, is_real
 
+from .stage_costs import fsum
+
 MAX_LAYERS = 100_000
 """The most layers a split takes."""
 MAX_STAGE_LAYERS = 4_000_000
@@ -58,7 +60,7 @@ def _check(weights: Sequence[float], num_stages: int, first: float, last: float)
             [(f"layer {i}", w) for i, w in enumerate(weights)]:
         if not is_real(value) or not math.isfinite(value) or value < 0:
             raise PartitionError(f"{name}'s weight must be a finite number >= 0 seconds, got {value!r}")
-    if not math.isfinite(_fsum([*weights, first, last])):
+    if not math.isfinite(fsum([*weights, first, last])):
         raise PartitionError("the layers' times add up to more than the largest float (about 1.8e308 s): "
                              "the costs are too large")
 
@@ -99,18 +101,11 @@ def even_split(num_layers: int, num_stages: int, has_first: bool = False, has_la
     return counts
 
 
-def _fsum(values) -> float:
-    try:
-        return math.fsum(values)
-    except OverflowError:  # the exact sum is beyond the largest float
-        return math.inf
-
-
 def stage_loads(weights: Sequence[float], counts: Sequence[int], first: float = 0.0, last: float = 0.0) -> list[float]:
     """Each stage's load under the split `counts` (the weights' unit, e.g. seconds)."""
     loads, start = [], 0
     for k, c in enumerate(counts):
-        loads.append(_fsum(weights[start:start + c]) + (first if k == 0 else 0.0)
+        loads.append(fsum(weights[start:start + c]) + (first if k == 0 else 0.0)
                      + (last if k == len(counts) - 1 else 0.0))
         start += c
     return loads

@@ -16,13 +16,13 @@ from pipesched.schedules import fileformat
 from pipesched.schedules.registry import BUILDERS, MAX_OPS
 from pipesched.simulator.budget import engine_for
 from pipesched.simulator.planner import (JITTER_CV, JITTER_RUNS, JITTER_TOP, Candidate, Plan, max_microbatches, plan,
-                                         search_size)
+                                         recompute_modes, search_size)
 from pipesched.simulator.units import parse_bandwidth, parse_bytes, parse_seconds
 
 from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds, json_text
 from ..options import (COST_DESTS, add_budget_args, add_cost_args, add_recompute_arg, add_step_args,
-                       budget_from_args, costs_from_args, parse_counts, recompute_modes)
+                       budget_from_args, costs_from_args, parse_counts)
 from ..terminal import Progress, check_outputs
 
 RESCUES_SHOWN = 5  # schedules named as fitting only with recomputation, fastest first

@@ -13,13 +13,14 @@ from typing import TextIO
 from pipesched.schedules.outputs import atomic_path
 from pipesched.schedules.registry import BUILDERS
 from pipesched.simulator.budget import Budget
+from pipesched.simulator.planner import recompute_modes
 from pipesched.simulator.sweep import SweepRow, default_schedules, sweep, sweep_size
 
 from .. import terminal
 from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds
 from ..options import (add_budget_args, add_cost_args, add_recompute_arg, add_step_args, budget_from_args,
-                       costs_from_args, parse_counts, recompute_modes)
+                       costs_from_args, parse_counts)
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
 ACTIVATIONS = "activations (microbatches)"  # the table's column of activations held
