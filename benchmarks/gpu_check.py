@@ -14,35 +14,37 @@ Steps, in order (the kind in results.jsonl in brackets):
    --no-index --find-links DIR`); nothing is downloaded (the H200 image has no simpy:
    put its wheel in `.whl/` and carry that). Records python, torch, CUDA, the
    device's name, memory and multiprocessors, and `nvidia-smi`'s line.
-2. [run] every built-in schedule (the registry `pipesched list` reads; zb-auto with `--max-activations 2`) at
+2. [validate] five schedules in one launch, `pipesched validate A,B,C,D,E -p 2 -m 8
+   --backend gloo-cuda --replay --json`, on the example transformer
+   (1f1b,zb-h1,zb-v,interleaved-1f1b,dualpipev), hidden 1024, 8 x 512 tokens (float32: a
+   block's forward takes about 2-5 ms on an H100, so ops are 2-20 ms). Recorded per
+   schedule: predicted and measured makespan, their error, the replay's error (the
+   simulator's own share), bubble error, peak-memory error, the measured median F/B/W/BW
+   op times, and the ranking. The validate folders (predicted.json, measured.json,
+   replay.json, costs.json, validate.png) go into artifacts.tar.gz.
+3. [layer] one Llama block (transformers' LlamaConfig, random weights, as
+   `executor.hf_models.HFModel` builds it) at five sizes (hidden/seq/microbatch/dtype
+   1024/1024/4, 2048/1024/4 and 4096/2048/1 in float32; 4096/4096/2 and 8192/4096/1 in
+   bfloat16), in one worker process (`gpu_check.py --layer-worker`): F, B, W and BW times
+   (`executor.layer_profile.profile_layers`, CUDA events) and the activation bytes a
+   forward saves, from the executor's ledger and from `torch.cuda.memory_allocated` /
+   `max_memory_allocated` around one forward (after a warm forward and backward). The
+   cluster what-if estimate of the same block (`--estimator MODULE:FUNCTION`, default
+   DEFAULT_ESTIMATOR below: `pipesched.simulator.estimate` at its default efficiency) is
+   recorded and printed beside the measurement (`cluster_estimate_hook`).
+4. [run] schedules of four shapes (1f1b, zb-v, dualpipe, zb-auto with `--max-activations
+   2`; `--schedules all` for every built-in, as the registry `pipesched list` reads) at
    p = 2, both ranks sharing the GPU: `pipesched run NAME -p 2 -m 4 --backend gloo-cuda
    --json`, the example transformer (hidden 512, 8 x 256 tokens). The run checks loss and
    gradients against the unpipelined model; recorded: pass/fail, worst gradient error,
    step time, bubble, per-rank peak memory.
-3. [validate] five schedules in one launch, `pipesched validate A,B,C,D,E -p 2 -m 8
-   --backend gloo-cuda --replay --json`, on the example transformer
-   (1f1b,zb-h1,zb-v,interleaved-1f1b,dualpipev) and on `--model hf-llama`
-   (1f1b,zb-h1,zb-h2,dualpipe,gpipe: a transformers model cannot be cut into 2 and 4 model
-   stages in one launch), both hidden 1024, 8 x 512 tokens (float32: a block's forward takes
-   about 2-5 ms on an H100, so ops are 2-20 ms). Recorded per schedule: predicted and
-   measured makespan, their error, the replay's error (the simulator's own share), bubble
-   error, peak-memory error, the measured median F/B/W/BW op times, and the ranking. The
-   validate folders (predicted.json, measured.json, replay.json, costs.json, validate.png)
-   go into artifacts.tar.gz.
-4. [layer] one Llama block (transformers' LlamaConfig, random weights, as
-   `executor.hf_models.HFModel` builds it; float32) at three sizes (hidden/seq/microbatch
-   1024/1024/4, 2048/1024/4, 4096/2048/1), in one worker process (`gpu_check.py
-   --layer-worker`): F, B, W and BW times (`executor.layer_profile.profile_layers`, CUDA
-   events) and the activation bytes a forward saves, from the executor's ledger and from
-   `torch.cuda.memory_allocated`/`max_memory_allocated` around one forward (after a warm
-   forward and backward): the inputs a cluster what-if estimate starts from. Where an
-   estimator is importable (`--estimator MODULE:FUNCTION`, default DEFAULT_ESTIMATOR
-   below; none exists yet) its estimate for the same block is recorded and printed beside
-   the measurement (`cluster_estimate_hook`).
 5. [torch-runtime] `benchmarks/executor_vs_torch.py` (pipesched's runtime against
-   torch.distributed.pipelining's on the same schedules, one launch; gloo on the CPUs, the
-   benchmark has no GPU backend): step times, their ratio and the host time per op the
-   two runtimes differ by.
+   torch.distributed.pipelining's on the same schedules, a launch per case; gloo on the
+   CPUs, the benchmark has no GPU backend): step times, their ratio and the host time per
+   op the two runtimes differ by; a case torch's runtime fails is recorded as failed.
+6. [validate] the same on `--model hf-llama` (1f1b,zb-h1,zb-h2,dualpipe,gpipe: a
+   transformers model cannot be cut into 2 and 4 model stages in one launch), hidden
+   1024, 8 x 512 tokens.
 
 Budget: `--budget SECONDS` (default 540) counts from the start. Before each step its cost
 is estimated (a table per mode; the median of the steps of that kind already run; kinds
@@ -55,8 +57,7 @@ time kept for later kinds nor more than is left. SIGTERM (a time limit) stops th
 subprocess in flight, writes a final line and the summary, and exits 143.
 
 `--dry-run` (chosen by itself where torch.cuda.is_available() is False): the same steps on
-the CPU with gloo, tiny models, m = 4, two measured steps, the run step on four schedules
-of different shapes (`--schedules all` for every one); about 45 s on 2 idle cores.
+the CPU with gloo, tiny models, m = 4, two measured steps; about 45 s on 2 idle cores.
 
 Writes, into OUT_DIR (made if missing; four files, so that a device tool returning few files
 returns them all):
@@ -128,7 +129,7 @@ class Mode:
     run_measure: tuple[str, ...]
     validate_models: tuple[tuple[str, tuple[str, ...]], ...]
     validate_measure: tuple[str, ...]
-    layer_sizes: tuple[tuple[int, int, int], ...]   # (hidden, seq, microbatch size)
+    layer_sizes: tuple[tuple[int, int, int, str], ...]   # (hidden, seq, microbatch size, dtype)
     layer_vocab: int
     layer_repeats: tuple[int, int]                 # (repeats, warmup)
     torch_args: tuple[str, ...]
@@ -143,11 +144,14 @@ GPU = Mode(
         ("transformer", ("--model", "transformer", "--hidden", "1024", "--seq", "512", "--microbatch-size", "8")),
         ("hf-llama", ("--model", "hf-llama", "--hidden", "1024", "--seq", "512", "--microbatch-size", "8",
                       "--vocab", "8192"))),
-    validate_measure=("--steps", "6", "--warmup", "1", "--min-time", "0"),
-    layer_sizes=((1024, 1024, 4), (2048, 1024, 4), (4096, 2048, 1)),
+    validate_measure=("--steps", "4", "--warmup", "1", "--min-time", "0", "--repeats", "7"),
+    layer_sizes=((1024, 1024, 4, "float32"), (2048, 1024, 4, "float32"), (4096, 2048, 1, "float32"),
+                 (4096, 4096, 2, "bfloat16"), (8192, 4096, 1, "bfloat16")),
     layer_vocab=2048, layer_repeats=(10, 2),
     torch_args=("--ranks", "2", "--microbatches", "8", "--hidden", "512", "--steps", "10", "--warmup", "2"),
-    estimates={"setup": 60, "run": 20, "validate": 110, "layer": 80, "torch-runtime": 40})
+    # an H200 with 16 cores, 2026-11-28: setup 32 s, a run 13-21 s, the layers 25 s for three
+    # float32 sizes; the transformer's validate did not finish in 143 s
+    estimates={"setup": 40, "run": 18, "validate": 200, "layer": 45, "torch-runtime": 60})
 
 DRY = Mode(
     "dry-run", "gloo", "cpu",
@@ -159,11 +163,11 @@ DRY = Mode(
                       "--vocab", "256"))),
     validate_measure=("--steps", "2", "--warmup", "1", "--min-time", "0", "--repeats", "3",
                       "--calibration-warmup", "1"),
-    layer_sizes=((32, 16, 2), (64, 16, 2), (128, 16, 2)),
+    layer_sizes=((32, 16, 2, "float32"), (64, 16, 2, "float32"), (128, 16, 2, "bfloat16")),
     layer_vocab=256, layer_repeats=(3, 1),
     torch_args=("--ranks", "2", "--microbatches", "4", "--hidden", "32", "--microbatch-size", "4",
                 "--steps", "2", "--warmup", "1"),
-    estimates={"setup": 10, "run": 5, "validate": 12, "layer": 10, "torch-runtime": 8})
+    estimates={"setup": 10, "run": 5, "validate": 12, "layer": 10, "torch-runtime": 20})
 
 
 # ---------------------------------------------------------------- budget and records
@@ -552,7 +556,11 @@ def validate_model(label: str, model_args: tuple[str, ...]) -> Callable[[Check, 
 
 
 def layer_names(mode: Mode) -> list[str]:
-    return [f"llama h{h} s{s} b{b}" for h, s, b in mode.layer_sizes]
+    return [layer_name(h, s, b, d) for h, s, b, d in mode.layer_sizes]
+
+
+def layer_name(hidden: int, seq: int, microbatch_size: int, dtype: str) -> str:
+    return f"llama h{hidden} s{seq} b{microbatch_size} {dtype}"
 
 
 def layers(check: Check, timeout: float) -> None:
@@ -567,7 +575,7 @@ def layers(check: Check, timeout: float) -> None:
     for text in cmd.stdout.splitlines():
         out = parse_json(text)
         if isinstance(out, dict) and "hidden" in out:
-            measured[f"llama h{out['hidden']} s{out['seq']} b{out['microbatch_size']}"] = out
+            measured[layer_name(out["hidden"], out["seq"], out["microbatch_size"], out.get("dtype", "float32"))] = out
     for name in layer_names(mode):
         if name in measured:
             got = measured[name]
@@ -587,6 +595,10 @@ def torch_runtime(check: Check, timeout: float) -> None:
         return
     m = out.get("config", {}).get("microbatches", 1)
     for r in out["rows"]:
+        if "error" in r:   # torch's runtime could not run this case (the others still ran)
+            check.rec.write("torch-runtime", r["schedule"], "fail", device="cpu", torch_class=r.get("torch"),
+                            error=r["error"], config=out.get("config"))
+            continue
         ops = OPS_PER_MICROBATCH.get(r["schedule"], 0) * m
         diff = (r["ours_s"] - r["torch_s"]) / ops if ops else None
         check.rec.write("torch-runtime", r["schedule"], "ok", device="cpu", torch_class=r.get("torch"),
@@ -606,11 +618,13 @@ def write_artifacts(check: Check) -> None:
 
 
 def plan(mode: Mode, schedules: tuple[str, ...]) -> list[Step]:
-    steps = [Step("run", name, run_schedule(name)) for name in schedules]
-    steps += [Step("validate", label, validate_model(label, args)) for label, args in mode.validate_models]
-    steps += [Step("layer", " + ".join(layer_names(mode)), layers)]
+    """The steps, what has never been measured on a GPU first: the first validate (predicted
+    against measured), the layers, the runs, torch's runtime, then the other validates."""
+    validates = [Step("validate", label, validate_model(label, args)) for label, args in mode.validate_models]
+    steps = validates[:1] + [Step("layer", " + ".join(layer_names(mode)), layers)]
+    steps += [Step("run", name, run_schedule(name)) for name in schedules]
     steps += [Step("torch-runtime", "executor_vs_torch", torch_runtime)]
-    return steps
+    return steps + validates[1:]
 
 
 # ---------------------------------------------------------------- the layer worker (a subprocess)
@@ -618,8 +632,9 @@ def plan(mode: Mode, schedules: tuple[str, ...]) -> list[Step]:
 
 def estimate_layer(hidden: int, seq: int, microbatch_size: int, dtype: str, device_name: str) -> dict:
     """The cluster what-if estimate (`pipesched.simulator.estimate`) of the Llama block
-    profiled here (hf-llama's shapes: FFN 4 x hidden, heads of 32, eager kernels, math
-    attention) on the GPU kind named like `device_name`: F, B, W seconds and the bytes F
+    profiled here (hf-llama's shapes: FFN 4 x hidden, heads of 32, eager kernels, and
+    transformers' default SDPA attention, which keeps no score matrix: the estimator's
+    "flash") on the GPU kind named like `device_name`: F, B, W seconds and the bytes F
     keeps, at the default efficiency, nothing fitted to this machine."""
     from pipesched.simulator.estimate import Setup, estimate
     from pipesched.simulator.hardware import hardware
@@ -634,7 +649,7 @@ def estimate_layer(hidden: int, seq: int, microbatch_size: int, dtype: str, devi
                            "max_position_embeddings": max(seq, 16)}, "hf-llama block")
     dtypes = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
     setup = Setup(seq=seq, microbatch_size=microbatch_size, dtype=dtypes.get(dtype, dtype), kernels="eager",
-                  attention="math")
+                  attention="flash")
     layer = estimate(config, setup, hardware(kind)).layer
     return {"gpu_kind": kind, "F": layer.forward.total, "B": layer.backward_input.total,
             "W": layer.backward_weight.total, "saved_bytes": sum(layer.saved.values()),
@@ -661,11 +676,12 @@ def cluster_estimate_hook(spec: str, measured: dict) -> dict | None:
 
 def layer_worker(cfg: dict) -> None:
     """Every size in cfg["sizes"] profiled, a JSON line each (printed as soon as measured)."""
-    for hidden, seq, mbs in cfg["sizes"]:
+    for hidden, seq, mbs, dtype in cfg["sizes"]:
         try:
-            out = profile_block(dict(cfg, hidden=hidden, seq=seq, microbatch_size=mbs))
+            out = profile_block(dict(cfg, hidden=hidden, seq=seq, microbatch_size=mbs, dtype=dtype))
         except Exception as exc:  # out of memory, say: the next size still runs
-            out = {"hidden": hidden, "seq": seq, "microbatch_size": mbs, "error": f"{type(exc).__name__}: {exc}"}
+            out = {"hidden": hidden, "seq": seq, "microbatch_size": mbs, "dtype": dtype,
+                   "error": f"{type(exc).__name__}: {exc}"}
         _free_cuda()
         print(json.dumps(out, default=float), flush=True)
 
@@ -690,12 +706,17 @@ def profile_block(cfg: dict) -> dict:
     dev = torch.device(cfg["device"])
     if dev.type == "cpu":
         torch.set_num_threads(1)  # tiny ops: more threads only wait for each other
-    spec = HFModel("hf-llama", cfg["hidden"], 1, cfg["microbatch_size"], cfg["seq"], cfg["vocab"]).check()
+    low = cfg["dtype"] == "bfloat16"   # the executor runs float32/64 (exact gradients); cast here
+    spec = HFModel("hf-llama", cfg["hidden"], 1, cfg["microbatch_size"], cfg["seq"], cfg["vocab"],
+                   "float32" if low else cfg["dtype"]).check()
     model = spec.build(1, 1)
+    if low:
+        for stage in model.stages:
+            stage.to(torch.bfloat16)
     layers, _ = profile_layers(model, dev, repeats=cfg["repeats"], warmup=cfg["warmup"])
     block = layers.layers[0]
     out: dict[str, Any] = {
-        "hidden": cfg["hidden"], "seq": cfg["seq"], "microbatch_size": cfg["microbatch_size"], "dtype": "float32",
+        "hidden": cfg["hidden"], "seq": cfg["seq"], "microbatch_size": cfg["microbatch_size"], "dtype": cfg["dtype"],
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "forward_s": block.forward, "backward_input_s": block.backward_input,
         "backward_weight_s": block.backward_weight, "backward_full_s": block.backward_full,
@@ -709,7 +730,8 @@ def profile_block(cfg: dict) -> dict:
     if dev.type == "cuda":
         pieces, _ = layer_pieces(model)
         blk = next(p for p in pieces if isinstance(p, Blocks)).to(dev)
-        x = torch.randn(cfg["microbatch_size"], cfg["seq"], cfg["hidden"], device=dev, requires_grad=True)
+        x = torch.randn(cfg["microbatch_size"], cfg["seq"], cfg["hidden"], device=dev, requires_grad=True,
+                        dtype=next(blk.parameters()).dtype)
         y = blk(x)   # warm: workspaces and lazily made buffers are allocated before measuring
         y.backward(torch.ones_like(y))
         del y
@@ -811,8 +833,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--estimator", default=DEFAULT_ESTIMATOR,
                     help=f"MODULE:FUNCTION printed beside the layer measurements when it imports "
                          f"(default {DEFAULT_ESTIMATOR})")
-    ap.add_argument("--schedules", help="comma-separated schedules for the run step, or all (default: all; "
-                                        f"the dry run: {','.join(DRY_SCHEDULES)})")
+    ap.add_argument("--schedules", help="comma-separated schedules for the run step, or all (default: "
+                                        f"{','.join(DRY_SCHEDULES)}, one of each shape)")
     args = ap.parse_args(argv)
 
     out = Path(args.out_dir).resolve()
@@ -848,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.schedules.split(",") if args.schedules else None
     if names == ["all"]:
         names = list(builtins)
-    run_steps(check, plan(mode, tuple(names or (DRY_SCHEDULES if mode is DRY else builtins))))
+    run_steps(check, plan(mode, tuple(names or DRY_SCHEDULES)))
     finish(check, "done")
     return 0
 
