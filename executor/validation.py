@@ -22,6 +22,12 @@ the prediction's error is cost estimation.
 `validate_schedules` asks which of several schedules wins: one calibration predicts all
 of them, and their runs (on the same network) take their steps in turn, so the measured
 ranking is not the host's drift.
+
+With `step_barrier` "none" the steady-state period is compared too: steps taken in turn
+with other runs' cannot follow each other back to back, so after the comparison above each
+schedule runs its steps once more on its own, without a barrier between them, and the
+median of rank 0's step-start differences is held against the simulator's period of steps
+back to back (`simulator.steps`) under the same calibrated costs.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ from pipesched.simulator.trace import Trace
 
 from .solo_calibration import CalibrationOptions, oversubscribed
 from .dp_calibrate import calibrate_data_parallel
-from .job import RunOptions, RunResult
+from .job import RunOptions, RunResult, run_in_turn
 from .run_calibration import calibrate_then_run, same_network
 from .launch import RankContext, launch_local, run_here, under_torchrun
 from .models import ExampleModel, PipelineModel
@@ -107,6 +113,16 @@ class Validation:
     param_bytes: list[tuple[float, float]]  # per rank: (predicted, measured)
     replayed: Trace                # the run simulated again with its measured durations
     replay_comparison: Comparison
+    period_run: RunResult | None = None     # steps back to back without a barrier (step_barrier "none")
+    predicted_period: float | None = None   # seconds per step, steps back to back (simulator.steps)
+
+    @property
+    def period_rel_error(self) -> float | None:
+        """Predicted / measured period - 1, where the period was measured."""
+        measured = None if self.period_run is None else self.period_run.period
+        if not measured or self.predicted_period is None:
+            return None
+        return self.predicted_period / measured - 1
 
     @property
     def shared(self) -> bool:
@@ -172,6 +188,13 @@ class Validation:
             "max_grad_rel_error": None if self.run.check is None else self.run.check.max_grad_rel_error,
             "loss_matches_reference": None if self.run.check is None else self.run.check.loss_matches,
             "warnings": self.warnings(),
+            "period": None if self.period_run is None else {
+                "predicted": self.predicted_period, "measured": self.period_run.period,
+                "rel_error": self.period_rel_error, "steps": len(self.period_run.step_times),
+                "predicted_throughput": self.measured.microbatches / self.predicted_period
+                if self.predicted_period else None,
+                "measured_throughput": self.measured.microbatches / self.period_run.period
+                if self.period_run.period else None},
             "data_parallel": None if self.costs.data_parallel.degree == 1 else {
                 "degree": self.costs.data_parallel.degree,
                 "predicted_exposed": c.predicted.allreduce_exposed, "measured_exposed": c.measured.allreduce_exposed,
@@ -208,17 +231,30 @@ def calibrate_and_run(ctx: RankContext, schedule: Schedule, model: PipelineModel
     """Collective: calibrate, then run (with op times from runs, the run's steps in turn
     with the calibration runs'); rank 0 returns (costs, RunResult)."""
     out = calibrate_and_run_all(ctx, [schedule], [model], calibration, options)
-    return None if out is None else (out[0], out[1][0])
+    return None if out is None else (out[0], out[1][0], out[2] and out[2][0])
 
 
 def calibrate_and_run_all(ctx: RankContext, schedules: list[Schedule], models: list, calibration: CalibrationOptions,
                           options: RunOptions):
     """Collective: calibrate once (as for the first schedule), then run every schedule on
     its model, their steps in turn with each other's and the calibration runs'; rank 0
-    returns (costs, one RunResult per schedule)."""
-    costs, results = calibrate_then_run(ctx, schedules[0], models[0], calibration, options,
+    returns (costs, one RunResult per schedule, and with step_barrier "none" one RunResult
+    per schedule of its steps back to back, else None)."""
+    costs, results = calibrate_then_run(ctx, schedules[0], models[0], calibration,
+                                        replace(options, step_barrier="all"),
                                         also=list(zip(schedules[1:], models[1:])))
-    return (costs, results) if ctx.rank == 0 else None
+    periods = period_runs(ctx, schedules, models, options) if options.step_barrier == "none" else None
+    return (costs, results, periods) if ctx.rank == 0 else None
+
+
+def period_runs(ctx: RankContext, schedules: list[Schedule], models: list, options: RunOptions
+                ) -> list[RunResult | None]:
+    """Collective: each schedule's warm-up and measured steps once more, on its own and
+    without a barrier between steps, one schedule after the other (not in turn: the period
+    is the time between a schedule's own consecutive steps). Gradients are not checked
+    again; rank 0 gets a RunResult each."""
+    again = replace(options, step_barrier="none", check=False, warmup=max(1, options.warmup))
+    return [run_in_turn(ctx, [(s, m, again)])[0] for s, m in zip(schedules, models)]
 
 
 def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, options: RunOptions = RunOptions(),
@@ -232,6 +268,9 @@ def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, o
     if options.dp > 1:
         if under_torchrun():
             raise ValueError("validate --dp runs two launches; start it without torchrun")
+        if options.step_barrier != "all":
+            raise ValueError("validate --dp compares one step; steps back to back (--step-barrier none) "
+                             "are validated without --dp")
         costs, result = calibrate_data_parallel(schedule, model, options.dp, calibration, backend,
                                                 options.bucket_bytes, beside=options)
         return assemble(schedule, costs, result, options)
@@ -242,8 +281,8 @@ def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, o
         out = launch_local(calibrate_and_run, args, schedule.ranks, backend, options.timeout)
     if out is None:
         return None
-    costs, result = out
-    return assemble(schedule, costs, result, options)
+    costs, result, period = out
+    return assemble(schedule, costs, result, options, period)
 
 
 def validate_schedules(schedules: list[Schedule], model: PipelineModel | ExampleModel,
@@ -267,8 +306,9 @@ def validate_schedules(schedules: list[Schedule], model: PipelineModel | Example
     calibration = _checked(calibration, options)
     out = launch_local(calibrate_and_run_all, (schedules, models, calibration, options), first.ranks, backend,
                        options.timeout * len(schedules))
-    costs, results = out
-    return [assemble(s, costs, r, options) for s, r in zip(schedules, results)]
+    costs, results, periods = out
+    return [assemble(s, costs, r, options, None if periods is None else q)
+            for s, r, q in zip(schedules, results, periods or results)]
 
 
 def network_for(model: PipelineModel | ExampleModel, split_for: Schedule, schedule: Schedule
@@ -290,9 +330,11 @@ def _checked(calibration: CalibrationOptions, options: RunOptions) -> Calibratio
     return replace(calibration, timeout=options.timeout)
 
 
-def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: RunOptions = RunOptions()
-             ) -> Validation:
-    """Simulate under `costs` (receives posted as the run posted them) and compare with the run."""
+def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: RunOptions = RunOptions(),
+             period_run: RunResult | None = None) -> Validation:
+    """Simulate under `costs` (receives posted as the run posted them) and compare with the
+    run; with `period_run` (its steps back to back without a barrier) also predict the
+    period of steps back to back."""
     costs = replace(costs, recv_lookahead=0 if result.backend == "nccl" else options.lookahead)
     graph = validate(schedule)
     predicted = predict(schedule, costs)
@@ -300,6 +342,10 @@ def assemble(schedule: Schedule, costs: CostModel, result: RunResult, options: R
     params = resident_bytes(graph, costs.model_stage_costs(schedule.ranks, schedule.num_model_stages))
     measured = result.trace.meta.get("param_bytes", [float("nan")] * schedule.ranks)
     replayed = replay(graph, result.trace, without_parameters(costs))
+    period = None
+    if period_run is not None:
+        steps = simulate(graph, without_parameters(costs), step_barrier="none")
+        period = steps.meta["steps"]["period"]
     return Validation(costs, predicted, result.trace, comparison, result,
                       [(float(p), float(m)) for p, m in zip(params, measured)],
-                      replayed, compare(replayed, result.trace))
+                      replayed, compare(replayed, result.trace), period_run, period)

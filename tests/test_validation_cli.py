@@ -125,6 +125,7 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     (["validate", "1f1b,1f1b", "-p", "2", "-m", "4"], "distinct names"),
     (["validate", "1f1b,zb-h1", "-p", "2", "-m", "4", "--dp", "2"], "without --dp"),
     (["validate", "1f1b,nosuch", "-p", "2", "-m", "4"], "unknown schedule 'nosuch'"),
+    (["validate", "1f1b", "-p", "2", "-m", "4", "--dp", "2", "--step-barrier", "none"], "without --dp"),
     (["validate", "1f1b,zb-v", "-p", "2", "-m", "4", "--layers-per-stage", "3"], "blocks halve"),
     # 596 GiB of parameters a model stage: refused before anything is allocated
     (["validate", "1f1b", "-p", "2", "-m", "4", "--hidden", "100000"], "parameters and gradients need about"),
@@ -167,6 +168,28 @@ def test_validate_several_schedules_from_one_calibration(tmp_path):
     # one cost model for all: every schedule's saved costs are the same calibration
     costs = [load(tmp_path / name / "costs.json") for name in predicted]
     assert costs[0] == costs[1] == costs[2] and len(costs[0].model_stages) == 2
+
+
+def test_validate_without_a_barrier_compares_and_ranks_by_period(tmp_path):
+    # each schedule's steps run once more back to back; the period predicted is the
+    # simulator's for steps without a barrier under the same calibrated costs
+    proc = pipesched("validate", "1f1b,zb-h2", "-p", "2", "-m", "4", *SMALL, "--steps", "4", "--warmup", "1",
+                     "--step-barrier", "none", "--json", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ranking"]["by"] == "period"
+    measured = {}
+    for s in doc["schedules"]:
+        q = s["period"]
+        assert q["steps"] >= 4 and q["measured"] > 0 and abs(q["rel_error"]) < 0.4, q
+        assert q["rel_error"] == pytest.approx(q["predicted"] / q["measured"] - 1)
+        measured[s["schedule"]] = q["measured"]
+    # (1f1b: its order does not depend on the costs, which simulate --costs may use to build zb-h2)
+    sim = pipesched("simulate", "1f1b", "-p", "2", "-m", "4", "--costs", str(tmp_path / "1f1b" / "costs.json"),
+                    "--step-barrier", "none", "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert json.loads(sim.stdout)["period"] == pytest.approx(doc["schedules"][0]["period"]["predicted"], rel=1e-9)
+    assert doc["ranking"]["measured"] == sorted(measured, key=measured.get)
 
 
 def test_validate_measures_ten_steps_by_default_and_run_five():

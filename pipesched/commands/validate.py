@@ -18,8 +18,9 @@ from pathlib import Path
 from ..executor_args import (add_calibration_args, add_executor_args, add_measurement_args, calibration_options,
                              check_launchable_ranks, import_executor, model_from_args, model_label, prepare_checked,
                              run_options)
+from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_rel, fmt_seconds, json_text
-from ..options import add_schedule_args, schedule_from_args
+from ..options import add_schedule_args, add_step_args, schedule_from_args
 from ..tables import print_costs
 from ..terminal import printable, wrote
 from .validate_many import is_list, run_many
@@ -38,6 +39,7 @@ def add_parser(sub) -> None:
     # ten steps: a data-parallel step takes ~0.6 s here and the host's speed drifts within
     # seconds, so five steps' median step is a poor measure of the next five's (docs/data_parallel.md)
     add_measurement_args(p, warmup=2, steps=10)
+    add_step_args(p, steps=False)
     p.add_argument("--out", metavar="DIR",
                    help="write predicted.json, measured.json, costs.json and validate.png here "
                         "(default: a new folder pipesched-validate-* in the temporary directory)")
@@ -58,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
 
     options = run_options(args)
     check_launchable_ranks(args.ranks, options.dp)
+    if options.dp > 1 and options.step_barrier == "none":
+        raise UsageError("validate --dp compares one step: validate steps back to back (--step-barrier none) "
+                         "without --dp")
     schedule = schedule_from_args(args)
     model = model_from_args(args, schedule)
     prepare_checked(schedule, model, args.backend, options.dp, args.timeout, model_label(args))
@@ -107,6 +112,10 @@ def print_report(s: dict, costs, replay: bool = False) -> None:
     rp = s["replay"]
     print(f"{'replay':<24}{fmt_seconds(rp['makespan']):>12}{fmt_seconds(m.get('step_makespan', m['makespan'])):>12}"
           f"{fmt_rel(s['replay_makespan_rel_error']):>12}   (measured durations: the simulator's own error)")
+    if s.get("period"):
+        q = s["period"]
+        print(f"{'period (no barrier)':<24}{fmt_seconds(q['predicted']):>12}{fmt_seconds(q['measured']):>12}"
+              f"{fmt_rel(q['rel_error']):>12}   ({q['steps']} steps back to back, run after the comparison above)")
     print(f"op start-time error / makespan: p50 {100 * s['start_time_error_p50']:.2f} %, "
           f"p90 {100 * s['start_time_error_p90']:.2f} %")
     if s.get("measured_halves_apart") is not None:

@@ -9,8 +9,10 @@ error and how far the run's even and odd steps are apart (the measurement agains
 itself); then the predicted and the measured fastest, how far the predicted pick
 measured from the fastest, and how sure the pick was (`simulator.confidence`: the
 predicted lead against the error known for those schedules, and which to measure when it
-is within it). Each schedule's files go to --out/NAME/; --json prints
-{"schedules": [validate's document per schedule], "ranking": {...}}.
+is within it). With --step-barrier none each schedule's steps also run back to back on
+their own, the period is compared beside the makespan, and the schedules are ranked by
+period (the throughput of steps without a barrier). Each schedule's files go to
+--out/NAME/; --json prints {"schedules": [validate's document per schedule], "ranking": {...}}.
 """
 from __future__ import annotations
 
@@ -87,20 +89,26 @@ def ranking_of(summaries: list[dict], shared_cores: bool = False, gpu: bool = Fa
     """The schedules fastest first by prediction and by measurement, how much longer
     (relative) the predicted fastest measured than the measured fastest, and how sure the
     pick was from the prediction alone (`confidence`; None on GPUs, where this predictor's
-    error per schedule has no record)."""
+    error per schedule has no record). Ranked by makespan, or by period where every
+    schedule's period was measured (steps without a barrier: "by" says which)."""
     from pipesched.simulator.confidence import pick_confidence
 
-    def order(side: str) -> list[str]:
-        return [s["schedule"] for s in sorted(summaries, key=lambda s: s[side]["makespan"])]
+    by = "period" if summaries and all((s.get("period") or {}).get("measured") for s in summaries) else "makespan"
 
-    measured = {s["schedule"]: s["measured"]["makespan"] for s in summaries}
-    predicted = {s["schedule"]: s["predicted"]["makespan"] for s in summaries}
+    def time_of(s: dict, side: str) -> float:
+        return s["period"][side] if by == "period" else s[side]["makespan"]
+
+    def order(side: str) -> list[str]:
+        return [s["schedule"] for s in sorted(summaries, key=lambda s: time_of(s, side))]
+
+    measured = {s["schedule"]: time_of(s, "measured") for s in summaries}
+    predicted = {s["schedule"]: time_of(s, "predicted") for s in summaries}
     predicted_order, measured_order = order("predicted"), order("measured")
     confidence = None if gpu else pick_confidence(predicted, shared_cores).to_dict()
     return {"predicted": predicted_order, "measured": measured_order,
             "predicted_fastest": predicted_order[0], "measured_fastest": measured_order[0],
             "pick_over_fastest": measured[predicted_order[0]] / measured[measured_order[0]] - 1,
-            "confidence": confidence, "shared_cores": shared_cores}
+            "confidence": confidence, "shared_cores": shared_cores, "by": by}
 
 
 def confidence_line(ranking: dict) -> str:
@@ -120,14 +128,21 @@ def confidence_line(ranking: dict) -> str:
 
 
 def print_table(summaries: list[dict], ranking: dict) -> None:
-    print(f"{'schedule':<20}{'predicted':>12}{'measured':>12}{'error':>10}{'replay':>10}{'halves apart':>14}")
+    periods = ranking.get("by") == "period"
+    print(f"{'schedule':<20}{'predicted':>12}{'measured':>12}{'error':>10}{'replay':>10}{'halves apart':>14}"
+          + (f"{'period pred':>13}{'measured':>12}{'error':>10}" if periods else ""))
     for s in summaries:
         halves = s.get("measured_halves_apart")
+        period = s.get("period") or {}
         print(f"{printable(s['schedule']):<20}{fmt_seconds(s['predicted']['makespan']):>12}"
               f"{fmt_seconds(s['measured']['makespan']):>12}{fmt_rel(s['makespan_rel_error']):>10}"
               f"{fmt_rel(s['replay_makespan_rel_error']):>10}"
-              f"{'n/a' if halves is None else f'{100 * halves:.1f} %':>14}")
+              f"{'n/a' if halves is None else f'{100 * halves:.1f} %':>14}"
+              + (f"{fmt_seconds(period['predicted']):>13}{fmt_seconds(period['measured']):>12}"
+                 f"{fmt_rel(period['rel_error']):>10}" if periods else ""))
     pick, best = ranking["predicted_fastest"], ranking["measured_fastest"]
+    if periods:
+        print("ranked by period: each schedule's steps back to back, no barrier between them")
     print(f"fastest predicted: {printable(pick)}; measured: {printable(best)}"
           + ("" if pick == best else f" (the predicted pick measured {100 * ranking['pick_over_fastest']:.1f} % longer)"))
     print(confidence_line(ranking))
