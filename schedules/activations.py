@@ -13,20 +13,24 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from .ir import BW, F, R, W, Schedule, unit_tasks
+from .ir import B, BW, F, R, W, Schedule, unit_tasks
 
 
-def activations_per_rank(schedule: Schedule) -> list[float]:
-    """The most activations each rank holds at once, in microbatches of one pipeline stage."""
+def activations_per_rank(schedule: Schedule, kept: float = 1.0) -> list[float]:
+    """The most activations each rank holds at once, in microbatches of one pipeline
+    stage. `kept` (0..1): the fraction of a stage's activations a split B leaves held
+    until its W (the simulator's weight_memory over activation_memory); 1, the default,
+    counts every activation from F to W."""
     share = schedule.ranks / schedule.num_model_stages if schedule.num_model_stages else 0.0
     recomputed = {(t.mb, t.stage) for t in schedule.tasks() if t.op == R}
-    step = {F: share, W: -share, BW: -share}.get
+    at_b, at_w = share * (1.0 - kept), share * kept  # what B and W free
+    step = {F: share, B: -at_b, W: -at_w, BW: -share}.get
     peaks = []
     for program in schedule.programs:
         firsts = [item[0] for item in program]  # an op, or an overlapped pair's first task
         if not recomputed and all(type(op) is str for op in firsts):  # no pairs: a running sum in one pass
-            # held - share == held + (-share) exactly, and the peak after a W or B never
-            # exceeds the one before it, so this is the loop below, op by op
+            # held - x == held + (-x) exactly, and the peak after a W or B never exceeds
+            # the one before it, so this is the loop below, op by op
             peaks.append(max(0.0, max(accumulate(step(op, 0.0) for op in firsts), default=0.0)))
             continue
         held = peak = 0.0
@@ -35,12 +39,16 @@ def activations_per_rank(schedule: Schedule) -> list[float]:
                 if task.op == R or (task.op == F and (task.mb, task.stage) not in recomputed):
                     held += share
                     peak = max(peak, held)
-                elif task.op in (W, BW):
+                elif task.op == B:
+                    held -= at_b
+                elif task.op == W:
+                    held -= at_w
+                elif task.op == BW:
                     held -= share
         peaks.append(peak)
     return peaks
 
 
-def peak_activations(schedule: Schedule) -> float:
+def peak_activations(schedule: Schedule, kept: float = 1.0) -> float:
     """The most activations any rank holds (see `activations_per_rank`)."""
-    return max(activations_per_rank(schedule), default=0.0)
+    return max(activations_per_rank(schedule, kept), default=0.0)

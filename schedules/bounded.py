@@ -45,6 +45,9 @@ class Play:
     reserve: admission reserves the whole microbatch until its last W (else, with at
         most two chunks per rank, a rank counts what it holds; see above). Holding
         back often plays better at loose limits, where greedy forwards crowd the rank.
+    kept: the fraction of a stage's activations a split B leaves held until its W
+        (the rest is freed at B; 1: all held until W). Freeing earlier only makes room,
+        so the admission argument above still holds.
     """
 
     limit: float
@@ -53,6 +56,7 @@ class Play:
     eager_w: bool = False
     split: bool = True
     reserve: bool = False
+    kept: float = 1.0
 
 
 CUTOFF_ROUNDING = 1e-7
@@ -118,7 +122,7 @@ def play_timed(name: str, ranks: int, microbatches: int, stages: list[VirtualSta
     rounding = 4 * microbatches * num_model * most_held * 2.0 ** -53
     binding = most_held + rounding > how.limit + 1e-9
     key = (ranks, microbatches, tuple(stages), tuple(tuple(p) for p in paths), tuple(microbatch_paths),
-           how.split, how.prefer, how.depth_first, how.eager_w,
+           how.split, how.prefer, how.depth_first, how.eager_w, how.kept,
            binding and reserving and most > 1, how.limit if binding else None, tuple(dur.items()))
     played = _PLAYED.get(key)
     if played is None:
@@ -197,6 +201,7 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
     dur_b = [dur[bwd, s] for s in range(n_stages)]
     dur_w = [dur.get((W, s), 0.0) for s in range(n_stages)]
     limit, prefer, depth_first, eager_w = how.limit + 1e-9, how.prefer, how.depth_first, how.eager_w
+    freed_at_b = share * (1.0 - how.kept)  # a deferred W frees the rest
     fused = bwd == BW
     # per virtual stage: its microbatches in order and the next F / backward position
     stage_mbs: list[list[tuple[int, int]]] = [[] for _ in stages]
@@ -352,12 +357,13 @@ def _play(ranks: int, microbatches: int, stages: list[VirtualStage], path: list[
                 done_at[tid + 1] = end
                 held[r] -= share
             else:
+                held[r] -= freed_at_b
                 pending_w[r].append((mb, k, s))
         else:
             end = t + dur_w[s]
             programs[r].append(new(Task, (W, mb, s)))
             done_at[tid] = end
-            held[r] -= share
+            held[r] -= share - freed_at_b
         free[r] = end
         work[r] -= dur_f[s] if code == 0 else dur_w[s] if code == 2 else \
             dur_b[s] + (dur_w[s] if eager_w and not fused else 0.0)

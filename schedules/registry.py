@@ -90,11 +90,14 @@ def check_known(name: str) -> None:
 
 def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
           op_time: OpTime | None = None, max_activations: float | None = None,
-          score: Score | None = None, builtins: list[Schedule] | None = None) -> Schedule:
+          score: Score | None = None, builtins: list[Schedule] | None = None,
+          step_barrier: str = "all", weight_share: float = 1.0) -> Schedule:
     """Build a named schedule. `chunks` is v (chunks per rank) for schedules that take it;
     `op_time(op, model_stage, num_model_stages)` (seconds) lets cost-adaptive builders
     order ops for those durations. `max_activations` (microbatches of one pipeline
-    stage), `score` and `builtins` are for searching builders (zb-auto, see
+    stage), `score`, `builtins`, `step_barrier` ("all": minimize the makespan, "none":
+    the period of steps back to back) and `weight_share` (what a B leaves held until
+    its W) are for searching builders (zb-auto, see
     schedules.zb_auto); the others ignore them (callers check their memory)."""
     check_known(name)
     builder = BUILDERS[name]
@@ -103,7 +106,8 @@ def build(name: str, ranks: int, microbatches: int, chunks: int | None = None,
         if all(_is_count(x) and x > 0 for x in (ranks, microbatches)):
             check_size(name, 3 * microbatches * ranks * 2)  # at most two chunks per rank
         return builder.build(ranks, microbatches, chunks, op_time=op_time, max_activations=max_activations,
-                             score=score, builtins=builtins, candidates=builtin_candidates)
+                             score=score, builtins=builtins, candidates=builtin_candidates,
+                             step_barrier=step_barrier, weight_share=weight_share)
     if builder.chunks is not None and chunks is not None and chunks != builder.chunks:
         raise ScheduleError(f"{name} has {builder.chunks} chunk{'s' if builder.chunks > 1 else ''} per rank, got -v {chunks}")
     v = builder.chunks if builder.chunks is not None else builder.default_chunks if chunks is None else chunks

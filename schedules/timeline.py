@@ -63,20 +63,23 @@ class OrderTimer:
         num_model = schedule.num_model_stages
         self.duration = np.fromiter((op_time(t.op, model[t.stage], num_model) for t in tasks), float, len(tasks))
 
-    def makespan(self, schedule: Schedule) -> float:
-        """Makespan of `schedule` (seconds); KeyError unless its ops are exactly the ones
-        the timer was built for. Pairs run serially; ScheduleError if the order deadlocks."""
+    def units(self, schedule: Schedule) -> tuple[Waves, np.ndarray, np.ndarray]:
+        """The waves of `schedule`'s units (a unit: one op, or a pair run serially), each
+        unit's seconds and its rank; KeyError unless its ops are exactly the ones the
+        timer was built for, ScheduleError if the order deadlocks."""
         index = self.index
         task_unit = np.full(len(index), -1, dtype=np.int64)
         prev: list[int] = []
+        rank: list[int] = []
         unit = 0
-        for program in schedule.programs:
+        for r, program in enumerate(schedule.programs):
             for i, item in enumerate(program):
                 if isinstance(item, Overlap):
                     task_unit[index[item.first]] = task_unit[index[item.second]] = unit
                 else:
                     task_unit[index[item]] = unit
                 prev.append(unit - 1 if i else -1)
+                rank.append(r)
                 unit += 1
         if (task_unit < 0).any():
             raise KeyError("the schedule lacks some of the timer's ops")
@@ -84,6 +87,12 @@ class OrderTimer:
         if not waves.complete:
             raise ScheduleError(f"schedule {schedule.name!r} deadlocks")
         unit_time = np.bincount(task_unit, weights=self.duration, minlength=unit)
+        return waves, unit_time, np.asarray(rank, dtype=np.int64)
+
+    def makespan(self, schedule: Schedule) -> float:
+        """Makespan of `schedule` (seconds); KeyError unless its ops are exactly the ones
+        the timer was built for. Pairs run serially; ScheduleError if the order deadlocks."""
+        waves, unit_time, _ = self.units(schedule)
         return float(finish_times(waves, unit_time)[1].max(initial=0.0))
 
 
