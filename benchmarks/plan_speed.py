@@ -9,7 +9,14 @@ memory limits per rank (24, 32, 40, 48 GiB), and prints:
      limit (`simulator.planner.search(..., cache=)`), and its ratio to 1.
 Target: the four limits under 30 s. Times are wall-clock on a machine that
 may be shared (5 agents on 2 cores while this was written): compare ratios in one run.
-Usage: python benchmarks/plan_speed.py [--quick]
+
+With --cluster, the cluster question of docs/cluster.md instead: Llama 3 70B on H100s
+(TP 8 + SP, seq 8192, DP 16 with ZeRO-1) under 80 GB a GPU, p in 4, 8, 16, m in p..8p
+(p, 2p, 4p, 8p), v in {1, 2}, recomputation off and on, microbatches of 1, 2 and 4
+sequences: for each p the `pipesched plan` command end to end (a process: import,
+three estimates, the search, the table) beside the library call (`simulator.planner.plan`
+on the three estimates), in wall-clock seconds. Target: the three p under a minute.
+Usage: python benchmarks/plan_speed.py [--quick] [--cluster [--ranks 4,8,16]]
 """
 from __future__ import annotations
 
@@ -38,10 +45,50 @@ def best(found):
     return f"{top.schedule} m={top.microbatches} v={top.v} {top.result.makespan:.4f} s"
 
 
+CLUSTER = ["--model-preset", "llama3-70b", "--gpu", "h100-sxm", "--tp", "8", "--sp", "--seq", "8192", "--dp", "16",
+           "--zero", "1", "--memory-limit", "80GB", "--microbatch-size", "1,2,4"]
+
+
+def cluster(ranks: list[int]) -> None:
+    """The cluster question, by the command and by the library, for each p."""
+    import subprocess
+    import sys
+
+    from pipesched.simulator.estimate import Setup, estimate
+    from pipesched.simulator.hardware import hardware
+    from pipesched.simulator.model_config import preset
+    from pipesched.simulator.planner import CostVariant, plan
+
+    total_cli = total_lib = 0.0
+    for p in ranks:
+        argv = ["plan", "-p", str(p), "-m", f"{p}..{8 * p}", *CLUSTER]
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pipesched", *argv], capture_output=True, text=True)
+        cli = time.perf_counter() - t
+        if done.returncode:
+            raise SystemExit(f"pipesched {' '.join(argv)} failed: {done.stderr.strip()}")
+        best = next(line for line in done.stdout.splitlines() if line.startswith("best:"))
+        t = time.perf_counter()
+        model, hw = preset("llama3-70b"), hardware("h100-sxm")
+        variants = [CostVariant(estimate(model, Setup(seq=8192, microbatch_size=b, tp=8, sp=True, dp=16, zero=1),
+                                         hw).cost_model(), b, f"b={b}") for b in (1, 2, 4)]
+        result = plan(p, [p, 2 * p, 4 * p, 8 * p], costs=variants, memory_limit=80e9)
+        lib = time.perf_counter() - t
+        total_cli, total_lib = total_cli + cli, total_lib + lib
+        print(f"p={p:>2}: pipesched plan {cli:6.1f} s, library {lib:6.1f} s, {len(result.candidates)} candidates; "
+              f"{best}", flush=True)
+    print(f"all p: pipesched plan {total_cli:.1f} s, library {total_lib:.1f} s; target under 60 s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="m in 8..16 only")
+    parser.add_argument("--cluster", action="store_true", help="the Llama 3 70B cluster plan of docs/cluster.md")
+    parser.add_argument("--ranks", default="4,8,16", help="with --cluster: the p to plan (default 4,8,16)")
     args = parser.parse_args()
+    if args.cluster:
+        cluster([int(x) for x in args.ranks.split(",")])
+        return
     p, counts, vs = 8, [8, 16] if args.quick else [8, 16, 32, 64], [1, 2]
     names = [n for n, b in BUILDERS.items() if not b.searches] + ["zb-auto"]
     costs = user_costs()

@@ -117,13 +117,15 @@ def cost_flags_given(args: argparse.Namespace) -> bool:
 
 def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks: int | None,
                   costs: CostModel | None = None, budget: Budget = Budget(), recompute: bool = False,
-                  builtins: list[Schedule] | None = None, seen: dict | None = None) -> Schedule:
+                  builtins: list[Schedule] | None = None, seen: dict | None = None,
+                  step_barrier: str = "all") -> Schedule:
     """A schedule from a name, torch:NAME, a schedule file or a torch CSV. Built-in
     schedules that adapt to costs are built for `costs`' op durations; zb-auto searches
     under `budget` and any other schedule must fit it (BudgetError). `recompute`: every
     model stage recomputes (R ops added, `schedules.recompute`); without it the stages
     `costs` mark recompute do. `builtins` and `seen`: built-ins already built and
-    evaluated, for zb-auto (`simulator.budget.build_within`). A built-in name wins over a file or
+    evaluated, for zb-auto (`simulator.budget.build_within`); `step_barrier` "none": zb-auto
+    minimizes the period of steps back to back. A built-in name wins over a file or
     folder of that name in the working directory (say ./NAME for the file)."""
     path = Path(spec)
     builtin = spec in BUILDERS
@@ -157,18 +159,20 @@ def load_schedule(spec: str, ranks: int | None, microbatches: int | None, chunks
         check_fits(schedule, costs, budget)
         return schedule
     if costs is None and not budget:
-        return with_recompute(build(spec, ranks, microbatches, chunks), None, recompute)
+        return with_recompute(build(spec, ranks, microbatches, chunks, step_barrier=step_barrier), None, recompute)
     return build_within(spec, ranks, microbatches, chunks, costs or CostModel(), budget, builtins, seen,
-                        recompute=recompute)
+                        recompute=recompute, step_barrier=step_barrier)
 
 
 def schedule_from_args(args: argparse.Namespace, costs: CostModel | None = None) -> Schedule:
     """The schedule the arguments name, built for `costs` or (when None) for the cost
-    options given, so every command orders a built-in the way `simulate` does."""
+    options given, so every command orders a built-in the way `simulate` does (zb-auto
+    for the period where the command runs steps without a barrier, --step-barrier none)."""
     if costs is None and cost_flags_given(args):
         costs = costs_from_args(args)
     return load_schedule(args.schedule, args.ranks, args.microbatches, args.chunks, costs, budget_from_args(args),
-                         recompute=getattr(args, "recompute", False) is True)
+                         recompute=getattr(args, "recompute", False) is True,
+                         step_barrier=getattr(args, "step_barrier", "all"))
 
 
 def _overlap(text: str) -> float:
@@ -235,12 +239,13 @@ def split_counts(text: str) -> str | tuple[int, ...]:
     return counts
 
 
-def costs_from_args(args: argparse.Namespace) -> CostModel:
-    """The cost file (if any) with every given flag applied on top."""
+def costs_from_args(args: argparse.Namespace, base: CostModel | None = None) -> CostModel:
+    """The cost file (if any; `base` instead, e.g. estimated costs) with every given
+    flag applied on top."""
     times = {"forward": args.f, "backward_input": args.b, "backward_weight": args.w}
     if args.costs and any(v is not None for v in times.values()):
         raise UsageError("give op times either with --f/--b/--w or in --costs FILE, not both")
-    model = load_costs(args.costs) if args.costs else CostModel()
+    model = base if base is not None else load_costs(args.costs) if args.costs else CostModel()
     stage_over = {k: v for k, v in times.items() if v is not None}
     for flag, name in (("activation_bytes", "activation_bytes"), ("activation_memory", "activation_memory"),
                        ("weight_memory", "weight_memory"), ("param_bytes", "param_bytes")):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
 from pipesched.schedules.activations import peak_activations
+from pipesched.schedules.graph import TaskGraph
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.numbers import is_real
 from pipesched.schedules.recompute import add_recompute
@@ -25,6 +27,7 @@ from pipesched.schedules.validate import validate
 from .api import exact_makespan, simulate
 from .costs import CostError, CostModel
 from .metrics import compute_metrics
+from .steps import steady_period
 from .units import fmt_bytes
 
 OVERFLOW = "the costs are too large: predicted times or memory overflow to infinity"
@@ -68,21 +71,73 @@ class Budget:
         return ((self.max_activations is None or peak_activations <= self.max_activations + 1e-9)
                 and (self.memory_limit is None or peak_bytes <= self.memory_limit))
 
-    def activation_limit(self, costs: CostModel) -> float | None:
+    def weight_share(self, costs: CostModel) -> float:
+        """What zb-auto's plays count a split B as leaving held until its W, as a
+        fraction of the activations: under a byte limit alone, the costs' largest
+        weight_memory / activation_memory where some stage states weight_memory (B frees
+        the rest, as the simulator's bytes do); else 1, every activation from F to W
+        (how max_activations counts, and the safe count where the costs say nothing)."""
+        stages = [s for s in (*costs.stages, *(costs.model_stages or ())) if s.activation_memory > 0]
+        if self.max_activations is not None or self.memory_limit is None or \
+                not any(s.weight_memory > 0 for s in stages):
+            return 1.0
+        return min(1.0, max(s.weight_memory / s.activation_memory for s in stages))
+
+    def activation_limit(self, costs: CostModel, ranks: int | None = None,
+                         chunks: int | None = None) -> float | None:
         """The activations (microbatches of one pipeline stage) the byte limit leaves
         room for after the parameters and two transfer buffers, rounded down to half a
-        microbatch; combined with max_activations. None: no limit on activations."""
+        microbatch; combined with max_activations. None: no limit on activations.
+
+        Per-stage costs (`costs.stages`) give one stage's bytes. Costs per model stage
+        (a layers section, or `model_stages`) need `ranks`: then each rank's own model
+        stages count (v = `chunks`, 1 or 2; None: both), on either two-chunk placement
+        (the V, rank r with stage 2p-1-r, and the loop, with r+p), and the tightest rank
+        sets the limit, counting each microbatch at the larger of what F stores and what
+        a split B leaves for W (so every play under it fits: no lowering and replaying);
+        without `ranks` such costs give no limit."""
         limits = [] if self.max_activations is None else [self.max_activations]
         if self.memory_limit is not None:
-            act = max(s.activation_memory for s in costs.stages)
-            params = max(s.param_bytes for s in costs.stages)
-            # a receive and a send in flight: the least the buffers add (zb-auto lowers
-            # the estimate further when the simulated peak is still over)
-            buffers = 2 * max(s.activation_bytes for s in costs.stages) if costs.comm_buffers else 0.0
-            room = 2 * (max(0.0, self.memory_limit - params - buffers) / act) if act > 0 else math.inf
+            room = min((self._room(act, params, sent) for act, params, sent in _rank_loads(costs, ranks, chunks)),
+                       default=math.inf)
             if room < 2.0 ** 53:  # beyond it (or inf) the bytes leave room for more than any schedule holds
                 limits.append(math.floor(room) / 2)
         return min(limits) if limits else None
+
+    def _room(self, act: float, params: float, sent: float) -> float:
+        """Twice the microbatches of `act` bytes each that fit beside `params` bytes and
+        two buffers of `sent` bytes (a receive and a send in flight: the least the
+        buffers add; zb-auto lowers the estimate further when the simulated peak is
+        still over)."""
+        return 2 * (max(0.0, self.memory_limit - params - 2 * sent) / act) if act > 0 else math.inf
+
+
+def _rank_loads(costs: CostModel, ranks: int | None, chunks: int | None) -> list[tuple[float, float, float]]:
+    """(activation bytes of one microbatch of one pipeline stage, parameter bytes,
+    largest transfer bytes) per rank and placement, for `Budget.activation_limit`."""
+    buffered = costs.comm_buffers
+    if costs.layers is None and costs.model_stages is None:
+        s = costs.stages
+        return [(max(x.activation_memory for x in s), max(x.param_bytes for x in s),
+                 max(x.activation_bytes for x in s) if buffered else 0.0)]
+    if ranks is None:
+        return []
+    out = []
+    for v in ((1, 2) if chunks is None else (chunks,)):
+        try:
+            stages = costs.model_stage_costs(ranks, v * ranks)
+        except CostError:  # a split these costs cannot make: the schedule will say so when built
+            continue
+        sent = max(s.activation_bytes for s in stages) if buffered else 0.0
+        placements = [[(r,) for r in range(ranks)]] if v == 1 else \
+            [[(r, 2 * ranks - 1 - r) for r in range(ranks)], [(r, r + ranks) for r in range(ranks)]]
+        for placement in placements:
+            for held in placement:
+                # a split B may leave more held for its W than F stored (weight_memory, e.g. the
+                # output gradients B captured): a microbatch between B and W then holds that
+                out.append((sum(max(stages[k].activation_memory, stages[k].weight_memory) for k in held),
+                            sum(stages[k].param_bytes for k in held), sent))
+    return out
 
 
 @dataclass
@@ -105,9 +160,12 @@ def engine_for(costs: CostModel) -> str:
     return "des" if costs.host is not None else "exact"
 
 
-def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget()) -> Evaluation:
-    """Simulate `schedule` under `costs` and check it against `budget`."""
-    graph = validate(schedule)
+def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget(),
+             graph: TaskGraph | None = None) -> Evaluation:
+    """Simulate `schedule` under `costs` and check it against `budget`. `graph`: the
+    schedule already validated (`schedules.validate`), which one search simulating it
+    under several cost models passes instead of validating it again."""
+    graph = validate(schedule) if graph is None else graph
     with np.errstate(over="ignore", invalid="ignore"):
         trace = simulate(graph, costs, engine=engine_for(costs))
     metrics = compute_metrics(trace)  # the makespan and bubble `simulate` prints
@@ -120,7 +178,14 @@ def evaluate(schedule: Schedule, costs: CostModel, budget: Budget = Budget()) ->
 
 
 def _marks_recompute(costs: CostModel) -> bool:
-    return any(c.recompute for c in (*costs.stages, *(costs.model_stages or ())))
+    return any(c.recompute for c in (*costs.stages, *(costs.model_stages or ()),
+                                     *(() if costs.layers is None else costs.layers.layers)))
+
+
+def marks_recompute(costs: CostModel) -> bool:
+    """Whether the costs ask some stage (or layer) to recompute (`StageCost.recompute`):
+    then the R ops a schedule gets, and so the schedule, depend on the costs."""
+    return _marks_recompute(costs)
 
 
 def recompute_choice(schedule: Schedule, costs: CostModel | None, recompute: bool) -> bool | set[int]:
@@ -157,8 +222,20 @@ def recompute_op_time(op_time: OpTime, costs: CostModel, ranks: int, recompute: 
     return timed
 
 
-def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None = None, recompute: bool = False):
-    """zb-auto's score: the simulated makespan under `costs`, inf when over `budget`.
+def steps_period(schedule: Schedule, costs: CostModel) -> float:
+    """Seconds per step of `schedule` back to back without a barrier under `costs`
+    (max-plus, or the DES's simulated period where ranks share compute)."""
+    graph = validate(schedule)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if costs.host is None:
+            return steady_period(graph, costs, "none")
+        return simulate(graph, costs, engine="des", step_barrier="none").meta["steps"]["period"]
+
+
+def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None = None, recompute: bool = False,
+           step_barrier: str = "all"):
+    """zb-auto's score: the simulated makespan under `costs` (with `step_barrier` "none":
+    the period of steps back to back, `steps_period`), inf when over `budget`.
     `seen` collects every evaluation by id(schedule) and answers from those it has.
     Without a byte limit, on the exact engine, a candidate `seen` lacks is only timed
     (`exact_makespan`: the same makespan, no trace or memory), not evaluated: a search
@@ -166,7 +243,32 @@ def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None 
     `recompute` (or stages the costs mark), a candidate is scored with its R ops added."""
     seen = {} if seen is None else seen
     timed: dict[int, tuple[Schedule, float]] = {}  # the schedule kept, so its id stays its own
+    makespan_score = _makespan_scorer(costs, budget, seen, recompute, timed)
+    if step_barrier != "none":
+        return makespan_score
 
+    def period_score(schedule: Schedule) -> float:
+        # one step's fit holds back to back: a rank starts its next step once its own ops
+        # (every W freeing its activations) are done
+        if budget.memory_limit is None:
+            if not budget.admits(0.0, peak_activations(with_recompute(schedule, costs, recompute))):
+                return math.inf
+        elif makespan_score(schedule) == math.inf:  # evaluates the bytes
+            return math.inf
+        key = ("period", id(schedule))
+        if key not in timed:
+            period = steps_period(with_recompute(schedule, costs, recompute), costs)
+            if not math.isfinite(period):
+                raise CostError(OVERFLOW)
+            timed[key] = (schedule, period)
+        return timed[key][1]
+
+    return period_score
+
+
+def _makespan_scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation], recompute: bool,
+                     timed: dict) -> Callable[[Schedule], float]:
+    """The makespan score of `scorer` (its doc), filing what it times in `timed`."""
     def score(schedule: Schedule) -> float:
         ev = seen.get(id(schedule))
         if ev is not None:
@@ -190,16 +292,20 @@ def scorer(costs: CostModel, budget: Budget, seen: dict[int, Evaluation] | None 
 
 def build_within(name: str, ranks: int, microbatches: int, chunks: int | None, costs: CostModel,
                  budget: Budget, builtins: list[Schedule] | None = None,
-                 seen: dict[int, Evaluation] | None = None, recompute: bool = False) -> Schedule:
+                 seen: dict[int, Evaluation] | None = None, recompute: bool = False,
+                 step_barrier: str = "all") -> Schedule:
     """Build a built-in for `costs`; zb-auto searches under `budget`, any other schedule
     is refused (BudgetError) when it does not fit. With `recompute` every model stage
     recomputes (else the stages the costs mark): R ops are added after building, and
-    cost-adaptive builders order for backwards that include their R."""
+    cost-adaptive builders order for backwards that include their R. `step_barrier`
+    "none": zb-auto minimizes the period of steps back to back, not the makespan."""
     op_time = recompute_op_time(costs.op_time_for(ranks), costs, ranks, recompute)
     if name in BUILDERS and BUILDERS[name].searches:
         seen = {} if seen is None else seen
-        schedule = build(name, ranks, microbatches, chunks, op_time, max_activations=budget.activation_limit(costs),
-                         score=scorer(costs, budget, seen, recompute), builtins=builtins)
+        limit = budget.activation_limit(costs, ranks, chunks)
+        schedule = build(name, ranks, microbatches, chunks, op_time, max_activations=limit,
+                         score=scorer(costs, budget, seen, recompute, step_barrier), builtins=builtins,
+                         step_barrier=step_barrier, weight_share=budget.weight_share(costs))
         winner = with_recompute(schedule, costs, recompute)
         # zb-auto returns its winner renamed: file the winner's evaluation under it too
         for ev in list(seen.values()):

@@ -388,7 +388,7 @@ class CostModel:
         CostError for any other number: silently using `stages` instead would predict a
         model the user did not describe."""
         if self.layers is not None:
-            return self.layers.stage_costs(self.layers.split(num_model_stages))
+            return self.layers.split_costs(num_model_stages)
         if self.model_stages is not None:
             have = len(self.model_stages)
             if have == num_model_stages:

@@ -40,18 +40,29 @@ def piece_weight(cost: StageCost, objective: str) -> float:
 
 
 def sum_costs(pieces: Sequence[StageCost], boundary: float) -> StageCost:
-    """One model stage made of `pieces` (in order); it sends `boundary` bytes on."""
+    """One model stage made of `pieces` (in order); it sends `boundary` bytes on. Times,
+    memory, parameters, weight gradients and the optimizer step add up; the gradient it
+    sends back is its first piece's. It recomputes when every piece does (R re-running
+    the share of F its pieces re-run, keeping what the first keeps)."""
     def total(name: str) -> float:
         return fsum(getattr(p, name) for p in pieces)
 
     fused = [p.backward_full for p in pieces]
     backward_full = None if all(b is None for b in fused) else fsum(
         p.backward_input + p.backward_weight if p.backward_full is None else p.backward_full for p in pieces)
-    return StageCost(forward=total("forward"), backward_input=total("backward_input"),
+    # None where no piece states its weight gradients: the stage all-reduces param_bytes then
+    grads = None if all(p.weight_grad_bytes is None for p in pieces) else fsum(p.synced_bytes for p in pieces)
+    forward = total("forward")
+    recompute = bool(pieces) and all(p.recompute for p in pieces)
+    fraction = (fsum(p.recompute_fraction * p.forward for p in pieces) / forward if recompute and forward > 0
+                else pieces[0].recompute_fraction if pieces else 1.0)
+    return StageCost(forward=forward, backward_input=total("backward_input"),
                      backward_weight=total("backward_weight"), backward_full=backward_full,
-                     activation_bytes=boundary, activation_memory=total("activation_memory"),
-                     weight_memory=total("weight_memory"), param_bytes=total("param_bytes"),
-                     grad_accumulate=total("grad_accumulate"))
+                     activation_bytes=boundary, gradient_bytes=pieces[0].gradient_bytes if pieces else None,
+                     activation_memory=total("activation_memory"), weight_memory=total("weight_memory"),
+                     param_bytes=total("param_bytes"), grad_accumulate=total("grad_accumulate"),
+                     weight_grad_bytes=grads, optimizer_time=total("optimizer_time"), recompute=recompute,
+                     recompute_fraction=fraction, recompute_memory=pieces[0].recompute_memory if pieces else None)
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,18 @@ class LayerCosts:
         """Each model stage's weight (seconds) under the split `counts`."""
         weights, first, last = self.weights()
         return stage_loads(weights, counts, first, last)
+
+    def split_costs(self, num_stages: int) -> list[StageCost]:
+        """`stage_costs(split(num_stages))`, worked out once per number of stages: a
+        search simulates hundreds of schedules of the same few splits (CostError as
+        `split`)."""
+        memo = self.__dict__.get("_split_memo")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_split_memo", memo)  # frozen: a cache, not a field
+        if num_stages not in memo:
+            memo[num_stages] = self.stage_costs(self.split(num_stages))
+        return list(memo[num_stages])
 
     def stage_costs(self, counts: Sequence[int]) -> list[StageCost]:
         """The per-model-stage costs of the split `counts` (one StageCost per stage)."""

@@ -13,15 +13,15 @@ per second.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from pipesched.schedules.ir import ScheduleError
 from pipesched.schedules.numbers import is_int
 from pipesched.schedules.registry import BUILDERS, MAX_OPS, build, check_known
 from pipesched.schedules.validate import validate
 
-from .budget import Budget, BudgetError, Evaluation, build_within, engine_for, evaluate, recompute_op_time, \
-    with_recompute
+from .budget import Budget, BudgetError, Evaluation, build_within, engine_for, evaluate, marks_recompute, \
+    recompute_op_time, with_recompute
 from .api import simulate
 from .costs import CostModel
 from .steps import check_step_costs, check_steps
@@ -55,11 +55,15 @@ class Candidate:
     p95: float | None = None
     recompute: bool = False  # every model stage recomputes its activations (R ops)
     period: float | None = None  # seconds per step without a barrier between steps
+    microbatch_size: int | None = None  # samples per microbatch of its cost variant, if stated
+    variant: str = ""  # the cost variant it was planned under (`CostVariant.label`), when several
+    costs: CostModel | None = field(default=None, repr=False, compare=False)  # what it was simulated under
 
     def throughput(self, samples: int | None = None) -> float:
-        """Microbatches (or samples, given their size) per second: per makespan, or per
-        period where steps run without a barrier."""
-        return self.microbatches * (samples or 1) / (self.result.makespan if self.period is None else self.period)
+        """Microbatches (or samples: of its variant's size, else `samples` each) per
+        second: per makespan, or per period where steps run without a barrier."""
+        size = self.microbatch_size or samples or 1
+        return self.microbatches * size / (self.result.makespan if self.period is None else self.period)
 
     @property
     def origin(self) -> str | None:
@@ -78,6 +82,10 @@ class Candidate:
     def to_dict(self, samples: int | None, budget: Budget) -> dict:
         """A JSON-ready summary (seconds, bytes, microbatches; headroom against `budget`)."""
         d = {"schedule": self.schedule, "microbatches": self.microbatches, "v": self.v, "recompute": self.recompute}
+        if self.microbatch_size is not None:
+            d["microbatch_size"] = self.microbatch_size
+        if self.variant:
+            d["variant"] = self.variant
         if self.result is None:
             return {**d, "error": self.error}
         r = self.result
@@ -91,6 +99,19 @@ class Candidate:
         if self.schedule == "zb-auto":
             d["origin"] = r.schedule.params.get("origin")
         return d
+
+
+@dataclass(frozen=True)
+class CostVariant:
+    """One cost model a plan searches, among others: `costs`, `microbatch_size` samples
+    per microbatch under them (costs estimated for that size; None: unstated), `label`
+    naming it in tables (e.g. "b=2"), `recompute`: the recompute settings tried on it
+    (None: the plan's; `(False,)` where the costs already recompute inside each layer)."""
+
+    costs: CostModel
+    microbatch_size: int | None = None
+    label: str = ""
+    recompute: tuple[bool, ...] | None = None
 
 
 @dataclass
@@ -175,14 +196,20 @@ def max_microbatches(ranks: int) -> int:
 
 def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs: CostModel,
            budget: Budget, progress: Progress | None = None, cache: dict | None = None,
-           recompute: tuple[bool, ...] = (False,), step_barrier: str = "all") -> list[Candidate]:
+           recompute: tuple[bool, ...] = (False,), step_barrier: str = "all",
+           shared: dict | None = None) -> list[Candidate]:
     """Every (schedule, m, v), built and simulated, for each recompute setting (True:
     every model stage recomputes); zb-auto searched under `budget` against the built-ins
     already built at that m, v and setting. `cache` (give the same dict to searches with
     the same costs and other budgets) keeps built-ins and evaluations, which do not
-    depend on the budget. Arguments are not checked: see `plan`."""
+    depend on the budget. `shared` (give the same dict to searches with other costs on
+    the same ranks) keeps what does not depend on the costs either: the built-ins that
+    do not adapt to op times, and their validated graphs. Arguments are not checked:
+    see `plan`."""
     cache = {} if cache is None else cache
     builtins: dict = cache.setdefault("builtins", {})   # (name, m, v, recompute) -> Schedule or error
+    fixed: dict = builtins if shared is None or marks_recompute(costs) else shared.setdefault("builtins", {})
+    graphs: dict = {} if shared is None else shared.setdefault("graphs", {})  # id -> (schedule, graph)
     todo = [(name, m, v, rc) for m in counts for rc in recompute for name in names for v in chunk_options(name, vs)]
     out: list[Candidate] = []
     for done, (name, m, v, rc) in enumerate(todo):
@@ -190,18 +217,22 @@ def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs
         op_time = recompute_op_time(costs.op_time_for(ranks), costs, ranks, rc)
         if progress:
             progress(done, f"{name} m={m}" + (f" v={v}" if v else "") + (" recompute" if rc else ""))
+        reused = False  # built once for every cost model: validated once too
         try:
             if BUILDERS[name].searches:
                 others = [c.result.schedule for c in out if c.result and c.microbatches == m and c.v == v
                           and c.recompute == rc]
-                schedule = build_within(name, ranks, m, v, costs, budget, builtins=others, seen=seen, recompute=rc)
+                schedule = build_within(name, ranks, m, v, costs, budget, builtins=others, seen=seen, recompute=rc,
+                                        step_barrier=step_barrier)
             else:
-                if (name, m, v, rc) not in builtins:
+                store = builtins if BUILDERS[name].adapts_to_costs else fixed  # the order, not its times
+                reused = store is not builtins
+                if (name, m, v, rc) not in store:
                     try:
-                        builtins[name, m, v, rc] = with_recompute(build(name, ranks, m, v, op_time), costs, rc)
+                        store[name, m, v, rc] = with_recompute(build(name, ranks, m, v, op_time), costs, rc)
                     except ScheduleError as exc:
-                        builtins[name, m, v, rc] = exc
-                schedule = builtins[name, m, v, rc]
+                        store[name, m, v, rc] = exc
+                schedule = store[name, m, v, rc]
                 if isinstance(schedule, ScheduleError):
                     raise schedule
         except ScheduleError as exc:
@@ -209,7 +240,12 @@ def search(names: list[str], ranks: int, counts: list[int], vs: list[int], costs
             continue
         ev = seen.get(id(schedule))
         if ev is None:
-            ev = seen[id(schedule)] = evaluate(schedule, costs, budget)
+            graph = None
+            if reused:
+                if id(schedule) not in graphs:
+                    graphs[id(schedule)] = (schedule, validate(schedule))  # kept with it: its id stays its own
+                graph = graphs[id(schedule)][1]
+            ev = seen[id(schedule)] = evaluate(schedule, costs, budget, graph)
         # zb-auto renames the winner it scored; the fit is this budget's
         result = Evaluation(schedule, ev.makespan, ev.bubble, ev.peak_bytes, ev.peak_activations,
                             budget.admits(ev.peak_bytes, ev.peak_activations))
@@ -237,11 +273,14 @@ def pareto(rows: list[Candidate], samples: int | None = None) -> list[Candidate]
 
 
 def recompute_rescues(found: list[Candidate]) -> list[tuple[Candidate, Candidate]]:
-    """(with, without) for every schedule, m and v that fits with recomputation and not without."""
-    without = {(c.schedule, c.microbatches, c.v): c for c in found if c.result and not c.recompute}
-    return [(c, without[c.schedule, c.microbatches, c.v]) for c in found
-            if c.result and c.recompute and c.result.fits and (c.schedule, c.microbatches, c.v) in without
-            and not without[c.schedule, c.microbatches, c.v].result.fits]
+    """(with, without) for every schedule, m, v (and cost variant) that fits with
+    recomputation and not without."""
+    def key(c: Candidate) -> tuple:
+        return c.schedule, c.microbatches, c.v, c.variant
+
+    without = {key(c): c for c in found if c.result and not c.recompute}
+    return [(c, without[key(c)]) for c in found
+            if c.result and c.recompute and c.result.fits and key(c) in without and not without[key(c)].result.fits]
 
 
 def recompute_modes(recompute: bool | str, budget: Budget = Budget()) -> tuple[bool, ...]:
@@ -276,11 +315,12 @@ def schedule_list(schedules: Iterable[str] | str | None, default: Iterable[str])
     return list(dict.fromkeys(names))
 
 
-def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *, costs: CostModel | None = None,
+def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *,
+         costs: CostModel | Sequence[CostVariant] | None = None,
          chunks: int | Iterable[int] = (1, 2), schedules: Iterable[str] | None = None,
          max_activations: float | None = None, memory_limit: float | None = None,
          recompute: bool | str = "auto", microbatch_size: int | None = None,
-         progress: Progress | None = None, step_barrier: str = "all") -> Plan:
+         progress: Progress | None = None, step_barrier: str = "all", global_batch: int | None = None) -> Plan:
     """The fastest schedule for `ranks` ranks that fits a memory budget per rank.
 
     Builds every built-in in `schedules` (default: all, zb-auto last, searched under the
@@ -290,6 +330,12 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *, costs: 
     no transfers or memory), drops those over the budget and ranks the rest by
     throughput (microbatches/s, or samples/s with `microbatch_size` samples per
     microbatch); see `Plan`.
+
+    `costs` may be a list of `CostVariant`s instead: cost models of the same model at
+    other microbatch sizes (or other settings), each searched in full and ranked with
+    the others by samples per second (each candidate names its `variant` and size);
+    `microbatch_size` is then theirs. `global_batch` (samples per step, instead of
+    `microbatches`): each size plans m = global_batch / size, which it must divide.
 
     Budget, per rank: `max_activations` (microbatches of one pipeline stage's
     activations, >= 1; 1F1B holds p) and `memory_limit` (bytes, > 0, against the
@@ -309,27 +355,53 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *, costs: 
     """
     if not is_int(ranks) or ranks < 1:
         raise ValueError(f"ranks must be an integer >= 1, got {ranks!r}")
-    counts = [2 * ranks] if microbatches is None else count_list(microbatches, "microbatches", "[8, 16, 32]")
-    vs = count_list(chunks, "chunks", "[1, 2]")
     if microbatch_size is not None and (not is_int(microbatch_size) or microbatch_size < 1):
         raise ValueError(f"microbatch_size must be an integer >= 1 (samples), got {microbatch_size!r}")
-    if costs is not None and not isinstance(costs, CostModel):
-        raise ValueError(f"costs must be a CostModel, got {type(costs).__name__}")
+    variants = cost_variants(costs, microbatch_size)
+    several = len(variants) > 1
+    sizes = [v.microbatch_size for v in variants]
+    samples = sizes[0] if not several else None
+    if global_batch is not None:
+        if microbatches is not None or None in sizes or not is_int(global_batch) or global_batch < 1:
+            raise ValueError("global_batch (an integer >= 1) needs microbatch sizes and no microbatches: "
+                             "m = global_batch / size")
+        bad = [b for b in sizes if global_batch % b]
+        if bad:
+            raise ValueError(f"global_batch {global_batch} is not a multiple of the microbatch size {bad[0]}")
+        counts_of = [[global_batch // b] for b in sizes]
+    else:
+        counts = [2 * ranks] if microbatches is None else count_list(microbatches, "microbatches", "[8, 16, 32]")
+        counts_of = [counts] * len(variants)
+    vs = count_list(chunks, "chunks", "[1, 2]")
     names = schedule_list(schedules, BUILDERS)
     names.sort(key=lambda n: (BUILDERS[n].searches, list(BUILDERS).index(n)))  # zb-auto last
     budget = Budget(max_activations, memory_limit).check()
     modes = recompute_modes(recompute, budget)
-    costs = CostModel().check() if costs is None else costs.check()
+    modes_of = [modes if v.recompute is None else v.recompute for v in variants]
     check_steps(1, step_barrier)
-    check_step_costs(costs, step_barrier)
-    total = search_ops(names, ranks, counts, vs, modes)
+    for v in variants:
+        check_step_costs(v.costs, step_barrier)
+    total = sum(search_ops(names, ranks, c, vs, rc) for c, rc in zip(counts_of, modes_of))
     if total > MAX_OPS:
+        size = sum(search_size(names, c, vs, rc) for c, rc in zip(counts_of, modes_of))
+        most = max(max(c) for c in counts_of)
         raise ScheduleError(f"the search would build and simulate about {total:,} ops "
-                            f"({search_size(names, counts, vs, modes)} candidates, m up to {max(counts):,}), more "
+                            f"({size} candidates, m up to {most:,}), more "
                             f"than the {MAX_OPS:,} a plan takes; ask for fewer microbatch counts, chunks or schedules")
-    found = search(names, ranks, counts, vs, costs, budget, progress, recompute=modes, step_barrier=step_barrier)
+    found: list[Candidate] = []
+    shared: dict = {}  # the built-ins that do not adapt to op times, built once for every variant
+    offset = 0
+    for variant, counts, rc in zip(variants, counts_of, modes_of):
+        step = _progress_in(progress, offset, variant.label if several else "",
+                            last=variant is variants[-1])
+        rows = search(names, ranks, counts, vs, variant.costs, budget, step, recompute=rc,
+                      step_barrier=step_barrier, shared=shared if several else None)
+        for c in rows:
+            c.microbatch_size, c.costs = variant.microbatch_size, variant.costs
+            c.variant = variant.label if several else ""
+        found += rows
+        offset += search_size(names, counts, vs, rc)
     built = [c for c in found if c.result]
-    samples = microbatch_size
     fitting = sorted((c for c in built if c.result.fits), key=lambda c: -c.throughput(samples))
     if not found:
         raise ScheduleError(f"no candidate to build: none of {', '.join(names)} takes v = "
@@ -342,13 +414,53 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *, costs: 
     if not fitting:
         least = min(built, key=lambda c: c.result.peak_bytes, default=None)
         raise BudgetError(f"no schedule fits the memory budget ({budget.describe()})"
-                          + (f"; the smallest, {least.schedule} at m={least.microbatches}, holds "
+                          + (f"; the smallest, {least.schedule} at m={least.microbatches}"
+                             + (f" ({least.variant})" if least.variant else "") + ", holds "
                              f"{least.result.peak_activations:g} microbatches of activations, "
                              f"{fmt_bytes(least.result.peak_bytes)}" if least else ""))
-    engine = engine_for(costs)
     for c in fitting[:JITTER_TOP]:
-        c.p95 = makespan_stats(validate(c.result.schedule), costs, JITTER_RUNS, JITTER_CV, 0, engine).p95
+        c.p95 = makespan_stats(validate(c.result.schedule), c.costs, JITTER_RUNS, JITTER_CV, 0,
+                               engine_for(c.costs)).p95
     rescued = sorted(recompute_rescues(found), key=lambda pair: -pair[0].throughput(samples))
     return Plan(ranks, budget, found, fitting, pareto(fitting, samples), rescued,
                 any(c.result.peak_bytes > 0 for c in built), samples)
 
+
+def cost_variants(costs: CostModel | Sequence[CostVariant] | None,
+                  microbatch_size: int | None = None) -> list[CostVariant]:
+    """The cost models a plan searches: one (`costs`, default unit costs, of
+    `microbatch_size`) or the variants given, checked; ValueError otherwise."""
+    if costs is None or isinstance(costs, CostModel):
+        model = CostModel() if costs is None else costs
+        return [CostVariant(model.check(), microbatch_size)]
+    if isinstance(costs, (str, bytes)) or not isinstance(costs, Sequence) or not costs or \
+            not all(isinstance(v, CostVariant) for v in costs):
+        raise ValueError(f"costs must be a CostModel or a non-empty list of CostVariants, got {type(costs).__name__}")
+    if microbatch_size is not None:
+        raise ValueError("with cost variants the microbatch sizes are theirs: leave microbatch_size out")
+    labels = [v.label for v in costs]
+    if len(costs) > 1 and len(set(labels)) < len(labels):
+        raise ValueError(f"cost variants need distinct labels, got {labels}")
+    for v in costs:
+        if not isinstance(v.costs, CostModel):
+            raise ValueError(f"CostVariant.costs must be a CostModel, got {type(v.costs).__name__}")
+        v.costs.check()
+        if v.microbatch_size is not None and (not is_int(v.microbatch_size) or v.microbatch_size < 1):
+            raise ValueError(f"microbatch_size must be an integer >= 1 (samples), got {v.microbatch_size!r}")
+        if v.recompute is not None and (not v.recompute or not all(isinstance(x, bool) for x in v.recompute)):
+            raise ValueError(f"CostVariant.recompute must be a tuple of True/False, got {v.recompute!r}")
+    return list(costs)
+
+
+def _progress_in(progress: Progress | None, offset: int, label: str, last: bool) -> Progress | None:
+    """`progress` for one variant's search: counted on from `offset`, its label in
+    front of what it builds, and "done" said only after the last variant."""
+    if progress is None:
+        return None
+
+    def step(done: int, what: str) -> None:
+        if what == "done" and not last:
+            return
+        progress(offset + done, what if what == "done" or not label else f"{label}: {what}")
+
+    return step

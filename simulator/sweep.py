@@ -106,7 +106,8 @@ def sweep_rows(schedules: list[str], ranks: list[int], microbatches: list[int], 
             if searches:
                 builtins = (builtin_candidates(p, m, (1, 2) if v is None else (v,), costs.op_time_for(p), here)
                             if v in (None, 1, 2) and not rc else None)
-                schedule = build_within(name, p, m, v, costs, budget, builtins, None if rc else seen, recompute=rc)
+                schedule = build_within(name, p, m, v, costs, budget, builtins, None if rc else seen, recompute=rc,
+                                        step_barrier=step_barrier)
             else:
                 try:
                     schedule = build_within(name, p, m, v, costs, Budget(), recompute=rc)

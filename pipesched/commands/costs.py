@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 
 from pipesched.simulator.cost_file import save, to_dict
 from pipesched.simulator.costs import CostError
-from pipesched.simulator.estimate import ATTENTION, KERNELS, RECOMPUTE, EstimateError, Setup, estimate
-from pipesched.simulator.hardware import DTYPES, GPU_KINDS, HardwareError, hardware, load_hardware
-from pipesched.simulator.model_config import PRESETS, ModelConfigError, load_hf_config, preset
 
 from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds
 from ..terminal import check_outputs, wrote
+from .model_options import add_model_args, estimate_from_args
 
 GIB = 2.0 ** 30
 
@@ -28,71 +25,24 @@ GIB = 2.0 ** 30
 def add_parser(sub) -> None:
     p = sub.add_parser("costs", help="estimate a cost file from a model and a GPU description (no GPU needed)",
                        description="Estimate per-layer costs (F, B, W, R, memory) of a transformer on a GPU cluster "
-                                   "and write them as a cost file with a layers section (docs/cluster.md).")
-    m = p.add_argument_group("model")
-    which = m.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model-config", metavar="CONFIG.json", help="a Hugging Face decoder-only config.json")
-    which.add_argument("--model-preset", metavar="NAME", help=f"a preset: {', '.join(PRESETS)}")
-    t = p.add_argument_group("training")
-    t.add_argument("--seq", type=int, required=True, help="tokens per sequence")
-    t.add_argument("--microbatch-size", type=int, default=1, metavar="B", help="sequences per microbatch (default 1)")
-    t.add_argument("--dtype", choices=DTYPES, default="bf16", help="weights and activations (default bf16)")
-    t.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (inside a node; default 1)")
-    t.add_argument("--sp", action="store_true", help="sequence parallelism with TP (Korthikanti et al. 2022)")
-    t.add_argument("--recompute", choices=RECOMPUTE, default="none",
-                   help="activation recomputation inside each layer's backward (default none)")
-    t.add_argument("--dp", type=int, default=1, metavar="D", help="data-parallel replicas (default 1)")
-    t.add_argument("--zero", type=int, default=0, choices=(0, 1),
-                   help="1: shard optimizer states over the --dp replicas (ZeRO-1)")
-    t.add_argument("--fp32-grads", action="store_true", help="keep gradients in fp32 under bf16/fp16 (4 bytes, not 2)")
-    t.add_argument("--kernels", choices=KERNELS, default="fused",
-                   help="fused: Megatron/Transformer Engine kernels (default); eager: PyTorch ops as written (e.g. "
-                        "transformers' modules)")
-    t.add_argument("--attention", choices=ATTENTION, default="flash",
-                   help="flash: FlashAttention/SDPA, no scores stored (default); math: softmax scores stored")
-    h = p.add_argument_group("hardware")
-    h.add_argument("--gpu", metavar="KIND", help=f"GPU kind: {', '.join(GPU_KINDS)} (or gpu in --hardware)")
-    h.add_argument("--hardware", metavar="FILE", help="hardware file (TOML/JSON) overriding the GPU kind's figures")
-    h.add_argument("--efficiency", type=float, metavar="X",
-                   help="share of peak FLOP/s matmuls reach (default: the GPU kind's, 0.5)")
-    h.add_argument("--ranks-per-node", type=int, metavar="N", help="GPUs per node (default 8)")
+                                   "and write them as a cost file with a layers section (docs/cluster.md). "
+                                   "simulate, sweep and plan take the same options directly.")
+    add_model_args(p, own=True)
     p.add_argument("-p", "--ranks", type=int, help="pipeline ranks for the per-stage summary (balanced split)")
     p.add_argument("-o", "--output", metavar="COSTS.json", help="write the cost file here")
     p.add_argument("--json", action="store_true", help="print the cost file instead of the summary")
     p.set_defaults(handler=run)
 
 
-def hardware_from_args(args: argparse.Namespace):
-    base = None
-    if args.gpu is not None:
-        base = hardware(args.gpu)
-    if args.hardware is not None:
-        hw = load_hardware(args.hardware, base)
-    elif base is None:
-        raise UsageError(f"give --gpu KIND ({', '.join(GPU_KINDS)}) or --hardware FILE")
-    else:
-        hw = base
-    if args.ranks_per_node is not None:
-        hw = replace(hw, ranks_per_node=args.ranks_per_node)
-    if args.efficiency is not None:
-        hw = replace(hw, gpu=replace(hw.gpu, efficiency=args.efficiency))
-    return hw.check()
-
-
 def run(args: argparse.Namespace) -> int:
     check_outputs({"-o": args.output}, {"--model-config": args.model_config, "--hardware": args.hardware})
     if args.ranks is not None and args.ranks < 1:
         raise UsageError(f"-p must be >= 1, got {args.ranks}")
+    est = estimate_from_args(args)
     try:
-        model = load_hf_config(args.model_config) if args.model_config else preset(args.model_preset)
-        hw = hardware_from_args(args)
-        setup = Setup(seq=args.seq, microbatch_size=args.microbatch_size, dtype=args.dtype, tp=args.tp, sp=args.sp,
-                      recompute=args.recompute, dp=args.dp, zero=args.zero, fp32_grads=args.fp32_grads,
-                      kernels=args.kernels, attention=args.attention)
-        est = estimate(model, setup, hw)
         costs = est.cost_model()
         counts = costs.layers.split(args.ranks) if args.ranks else None
-    except (ModelConfigError, HardwareError, EstimateError, CostError) as exc:
+    except CostError as exc:
         raise UsageError(str(exc)) from None
     if args.output:
         save(costs, args.output)

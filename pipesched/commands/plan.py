@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import replace
 
 from pipesched.schedules import fileformat
 from pipesched.schedules.registry import BUILDERS, MAX_OPS
 from pipesched.simulator.budget import engine_for
-from pipesched.simulator.planner import (JITTER_CV, JITTER_RUNS, JITTER_TOP, Candidate, Plan, max_microbatches, plan,
-                                         recompute_modes, search_size)
+from pipesched.simulator.planner import (JITTER_CV, JITTER_RUNS, JITTER_TOP, Candidate, CostVariant, Plan,
+                                         max_microbatches, plan, recompute_modes, search_size)
 from pipesched.simulator.units import parse_bandwidth, parse_bytes, parse_seconds
 
 from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds, json_text
 from ..options import (COST_DESTS, add_budget_args, add_cost_args, add_recompute_arg, add_step_args,
-                       budget_from_args, costs_from_args, parse_counts)
-from ..terminal import Progress, check_outputs
+                       budget_from_args, parse_counts)
+from ..terminal import Progress, check_outputs, warn
+from .model_options import add_model_args, check_model_args, costs_from_args, hardware_from_args, model_given, \
+    model_words
 
 RESCUES_SHOWN = 5  # schedules named as fitting only with recomputation, fastest first
 
@@ -33,13 +36,17 @@ def add_parser(sub) -> None:
     p.add_argument("-p", "--ranks", type=int, required=True, help="pipeline ranks")
     p.add_argument("-m", "--microbatches", metavar="M1,M2,...|A..B",
                    help="microbatch counts: a list, or A..B for A, 2A, 4A, ... up to B (default 2p)")
-    p.add_argument("--global-batch", type=int, metavar="G", help="samples per step (with --microbatch-size: m = G/size)")
-    p.add_argument("--microbatch-size", type=int, metavar="S", help="samples per microbatch (throughput in samples/s)")
+    p.add_argument("--global-batch", type=int, metavar="G",
+                   help="samples per step (with --microbatch-size: m = G/size)")
+    p.add_argument("--microbatch-size", metavar="S|S1,S2,...",
+                   help="samples (sequences) per microbatch: throughput in samples/s; with a model a list, "
+                        "e.g. 1,2,4: the costs estimated for each size, all searched and ranked together")
     p.add_argument("-v", "--chunks", default="1,2", metavar="V1,V2", help="chunks per rank to try (default 1,2)")
     p.add_argument("--schedules", metavar="A,B,...", help="built-ins to consider (default: all, with zb-auto)")
     add_recompute_arg(p, search=True, default="auto")
     add_budget_args(p)
     add_cost_args(p)
+    add_model_args(p, microbatch_size=False)
     add_step_args(p, steps=False)
     p.add_argument("-o", "--output", metavar="FILE.json", help="write the winning schedule file")
     p.add_argument("--plot", metavar="OUT.png|svg", help="draw the winner's predicted timeline")
@@ -141,18 +148,23 @@ def run(args: argparse.Namespace) -> int:
                          f"{MAX_OPS:,} op limit can have")
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
-    samples = args.microbatch_size
-    if samples is not None and samples < 1:
-        raise UsageError(f"--microbatch-size must be >= 1, got {samples}")
+    sizes = parse_sizes(args.microbatch_size)
+    check_model_args(args)
+    model = model_given(args)
+    if sizes is not None and len(sizes) > 1 and not model:
+        raise UsageError("--microbatch-size takes one size with --costs or cost flags: a list needs a model "
+                         "(--model-preset or --model-config) to estimate the costs of each size")
     if args.global_batch is not None:
-        if samples is None or args.microbatches is not None:
+        if sizes is None or args.microbatches is not None:
             raise UsageError("--global-batch needs --microbatch-size (and no -m): m = global batch / size")
-        if args.global_batch < 1 or args.global_batch % samples:
-            raise UsageError(f"--global-batch {args.global_batch} is not a positive multiple of --microbatch-size {samples}")
-        counts = [args.global_batch // samples]
-        check_microbatches(counts[0], args.ranks, "--global-batch / --microbatch-size")
+        for b in sizes:
+            if args.global_batch < 1 or args.global_batch % b:
+                raise UsageError(f"--global-batch {args.global_batch} is not a positive multiple of "
+                                 f"--microbatch-size {b}")
+            check_microbatches(args.global_batch // b, args.ranks, "--global-batch / --microbatch-size")
+        counts_of = [[args.global_batch // b] for b in sizes]
     else:
-        counts = parse_range(args.microbatches, args.ranks)
+        counts_of = [parse_range(args.microbatches, args.ranks)] * len(sizes or [None])
     vs = parse_chunks(args.chunks)
     names = list(BUILDERS) if args.schedules is None else [x.strip() for x in args.schedules.split(",") if x.strip()]
     unknown = [n for n in names if n not in BUILDERS]
@@ -160,31 +172,52 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown schedule {unknown[0] if unknown else ''!r} in --schedules; built-in schedules are "
                          f"{', '.join(BUILDERS)}")
     budget = budget_from_args(args)
-    check_outputs({"-o": args.output, "--plot": args.plot}, {"--costs": args.costs})
+    check_outputs({"-o": args.output, "--plot": args.plot},
+                  {"--costs": args.costs, "--model-config": args.model_config, "--hardware": args.hardware})
     if args.plot:
         from ..plots.style import check_output
         check_output(args.plot)
-    costs = costs_from_args(args)
-    bar = Progress("plan", search_size(names, counts, vs, recompute_modes(args.recompute, budget)))
+    recompute = args.recompute
+    variants = [CostVariant(costs_from_args(args, b), b, "" if b is None else f"b={b}") for b in sizes or [None]]
+    if model:
+        if not budget:  # a cluster plan without a limit would rank what no GPU holds: the GPU's memory is it
+            budget = replace(budget, memory_limit=hardware_from_args(args).gpu.memory)
+            warn(f"plan: no --memory-limit given; planning for the GPU's memory, {fmt_bytes(budget.memory_limit)} "
+                 "per rank")
+        if (args.layer_recompute or "none") != "none" and recompute == "auto":
+            recompute = "off"  # the layers already recompute; a stage's R would re-run them again
+    modes = recompute_modes(recompute, budget)
+    bar = Progress("plan", sum(search_size(names, counts, vs, modes) for counts in counts_of))
     try:
-        result = plan(args.ranks, counts, costs=costs, chunks=vs, schedules=names,
+        several = len(variants) > 1
+        result = plan(args.ranks, None if several and args.global_batch is not None else counts_of[0],
+                      costs=variants if several else variants[0].costs, chunks=vs, schedules=names,
                       max_activations=budget.max_activations, memory_limit=budget.memory_limit,
-                      recompute=args.recompute, microbatch_size=samples, progress=bar,
-                      step_barrier=args.step_barrier)
+                      recompute=recompute, microbatch_size=None if several else variants[0].microbatch_size,
+                      progress=bar, step_barrier=args.step_barrier,
+                      global_batch=args.global_batch if several else None)
     finally:
         bar.close()
-    best = result.best.result.schedule
+    winner = result.best
+    best = winner.result.schedule
     if args.output:
         fileformat.save(best, args.output)
     if args.plot:
         from ..plots.timeline import plot_timeline
         from pipesched.simulator.api import simulate
-        plot_timeline(simulate(best, costs, engine=engine_for(costs)), args.plot)
+        plot_timeline(simulate(best, winner.costs, engine=engine_for(winner.costs)), args.plot)
     if args.json:
         print(json_text({**result.to_dict(), "output": args.output}))
         return 0
     show_table(args, result)
     return 0
+
+
+def parse_sizes(text: str | None) -> list[int] | None:
+    """--microbatch-size: one size or a list (sorted, distinct); None when not given."""
+    if text is None:
+        return None
+    return parse_counts(text, "--microbatch-size", "1,2,4")
 
 
 def show_table(args: argparse.Namespace, result: Plan) -> None:
@@ -193,7 +226,8 @@ def show_table(args: argparse.Namespace, result: Plan) -> None:
     found, fitting, budget, samples, best = result.candidates, result.fitting, result.budget, \
         result.microbatch_size, result.best
     bytes_given = any(c.result.peak_bytes > 0 for c in fitting)
-    unit = "samples/s" if samples else "microbatches/s"
+    sized = len({c.variant for c in found}) > 1  # several microbatch sizes: a column says which
+    unit = "samples/s" if samples or sized else "microbatches/s"
     dropped = sum(1 for c in found if c.result and not c.result.fits)
     failed = sum(1 for c in found if not c.result)
     print(f"plan for p={result.ranks}, budget {budget.describe()}: {len(found)} candidates, {len(fitting)} fit, "
@@ -206,7 +240,7 @@ def show_table(args: argparse.Namespace, result: Plan) -> None:
     room_head = "headroom (microbatches)" if room_in_activations else "headroom"
     room_width = max(10, len(room_head))
     periods = best.period is not None  # planned for steps without a barrier: ranked by microbatches per period
-    head = (f"{'#':>3} {'schedule':<20} {'m':>4} {'v':>2}  {'makespan':>10}  "
+    head = (f"{'#':>3} {'schedule':<20} " + (f"{'b':>3} " if sized else "") + f"{'m':>4} {'v':>2}  {'makespan':>10}  "
             + (f"{'period':>10}  " if periods else "") + f"{unit:>14}  {'bubble':>7}  ")
     head += f"{'peak mem':>10}  " if bytes_given else ""
     head += f"{'activ.':>6}  {room_head:>{room_width}}  {'p95':>10}"
@@ -219,7 +253,8 @@ def show_table(args: argparse.Namespace, result: Plan) -> None:
             room = f"{budget.max_activations - r.peak_activations:g}"
         else:
             room = "-"
-        line = (f"{i:>3} {c.label:<20} {c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
+        line = (f"{i:>3} {c.label:<20} " + (f"{c.microbatch_size:>3} " if sized else "")
+                + f"{c.microbatches:>4} {c.v:>2}  {fmt_seconds(r.makespan):>10}  "
                 + (f"{fmt_seconds(c.period):>10}  " if periods else "")
                 + f"{c.throughput(samples):>14.4g}  {100 * r.bubble:>6.2f}%  ")
         line += f"{fmt_bytes(r.peak_bytes):>10}  " if bytes_given else ""
@@ -231,14 +266,17 @@ def show_table(args: argparse.Namespace, result: Plan) -> None:
     def held(c: Candidate, what: str = " of activations") -> str:
         return fmt_bytes(c.result.peak_bytes) if bytes_given else f"{c.result.peak_activations:g} microbatches{what}"
 
-    front = dict.fromkeys(f"{c.label} m={c.microbatches} v={c.v} ({c.throughput(samples):.4g} {unit}, {held(c)})"
+    def where(c: Candidate) -> str:
+        return (f"b={c.microbatch_size} " if sized else "") + f"m={c.microbatches} v={c.v}"
+
+    front = dict.fromkeys(f"{c.label} {where(c)} ({c.throughput(samples):.4g} {unit}, {held(c)})"
                           for c in result.pareto)  # one entry for candidates that print alike
     print("Pareto front (throughput against peak memory): " + ", ".join(front))
     rescued = result.rescued
     if rescued:
         more = f", and {len(rescued) - RESCUES_SHOWN} more" if len(rescued) > RESCUES_SHOWN else ""
         print("fit only with recomputation (+R: every model stage recomputes its activations before its backward): "
-              + ", ".join(f"{c.schedule} m={c.microbatches} v={c.v} ({held(c, '')} with, {held(without, '')} without)"
+              + ", ".join(f"{c.schedule} {where(c)} ({held(c, '')} with, {held(without, '')} without)"
                           for c, without in rescued[:RESCUES_SHOWN]) + more)
     print(f"p95: makespan of {JITTER_RUNS} runs with op times jittered by cv {JITTER_CV} (best {JITTER_TOP} only); "
           "activ.: microbatches of one pipeline stage's activations held (1F1B holds p)"
@@ -246,13 +284,15 @@ def show_table(args: argparse.Namespace, result: Plan) -> None:
              else ""))
     origin = f" (built from {best.origin})" if best.schedule == "zb-auto" else ""
     origin += " with recomputation" if best.recompute else ""
-    print(f"best: {best.schedule}{origin} with m={best.microbatches}, v={best.v}: makespan "
+    size = f"microbatches of {best.microbatch_size}, " if sized else ""
+    print(f"best: {best.schedule}{origin} with {size}m={best.microbatches}, v={best.v}: makespan "
           f"{fmt_seconds(best.result.makespan)}"
           + (f", period {fmt_seconds(best.period)} without a barrier" if periods else "")
           + f", peak {fmt_bytes(best.result.peak_bytes) if bytes_given else ''}"
           f"{' / ' if bytes_given else ''}{best.result.peak_activations:g} microbatches of activations")
     if args.output:
-        words = cost_words(args)
+        words = " ".join(model_words(args, best.microbatch_size if sized else None) + [cost_words(args)]).strip() \
+            if model_given(args) else cost_words(args)
         print(f"wrote {args.output}")
         print(f"  predict it: pipesched simulate {args.output} {words}".rstrip())
         print(f"  run it:     pipesched run {args.output}   (and pipesched validate {args.output} to compare "

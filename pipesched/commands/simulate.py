@@ -16,8 +16,9 @@ from pipesched.simulator.trace import Trace
 from ..errors import UsageError
 from ..figure_options import add_figure_args, check_figure_args, figure_options, write_perfetto
 from ..formatting import fmt_bytes, fmt_seconds, json_text
-from ..options import add_schedule_args, add_step_args, check_step_args, costs_from_args, schedule_from_args
+from ..options import add_schedule_args, add_step_args, check_step_args, schedule_from_args
 from ..terminal import Progress, check_outputs, printable, wrote
+from .model_options import add_model_args, costs_from_args
 
 MAX_RUNS = 100_000
 """The most noisy runs --runs takes; each is a full simulation."""
@@ -29,6 +30,7 @@ an hour; more is almost surely a typo."""
 def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="predict a schedule's timeline under a cost model")
     add_schedule_args(p)
+    add_model_args(p)
     p.add_argument("--engine", choices=("auto", "des", "exact"), default="auto",
                    help="discrete-event simulation, the exact longest path (same timeline, faster, no shared "
                         "compute), or auto (default): exact unless ranks share compute")
@@ -140,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     check_step_args(args)
     check_figure_args(args, args.plot, "--plot")
     check_outputs({"--trace": args.trace, "--plot": args.plot, "--perfetto": args.perfetto},
-                  {"SCHEDULE": args.schedule, "--costs": args.costs})
+                  {"SCHEDULE": args.schedule, "--costs": args.costs, "--model-config": args.model_config,
+                   "--hardware": args.hardware})
     if args.plot:
         from ..plots.style import check_output  # matplotlib only when drawing
         check_output(args.plot)

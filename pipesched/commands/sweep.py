@@ -19,8 +19,8 @@ from pipesched.simulator.sweep import SweepRow, default_schedules, sweep, sweep_
 from .. import terminal
 from ..errors import UsageError
 from ..formatting import fmt_bytes, fmt_seconds
-from ..options import (add_budget_args, add_cost_args, add_recompute_arg, add_step_args, budget_from_args,
-                       costs_from_args, parse_counts)
+from ..options import add_budget_args, add_cost_args, add_recompute_arg, add_step_args, budget_from_args, parse_counts
+from .model_options import add_model_args, costs_from_args
 
 PROGRESS_AFTER_S = 2.0  # on a non-terminal stderr, report progress only for sweeps this long
 ACTIVATIONS = "activations (microbatches)"  # the table's column of activations held
@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     add_recompute_arg(p, search=True)
     add_budget_args(p)
     add_cost_args(p)
+    add_model_args(p)
     p.add_argument("--engine", choices=("des", "exact"), default="des", help="simulation engine (default des)")
     add_step_args(p, steps=False)
     p.add_argument("--plot", metavar="OUT.png|svg", help="write the comparison chart")
@@ -85,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.chunks is not None and all(BUILDERS[n].chunks is not None for n in names):
         raise UsageError(f"-v applies to schedules with a chosen number of chunks "
                          f"({', '.join(n for n, b in BUILDERS.items() if b.chunks is None)}); none is swept")
-    terminal.check_outputs({"--plot": args.plot, "--csv": args.csv}, {"--costs": args.costs})
+    terminal.check_outputs({"--plot": args.plot, "--csv": args.csv},
+                           {"--costs": args.costs, "--model-config": args.model_config, "--hardware": args.hardware})
     if args.pareto_m is not None and not args.plot:
         raise UsageError("--pareto-m chooses the chart's Pareto panel; it needs --plot")
     if args.plot:
