@@ -40,7 +40,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
+from functools import lru_cache
 from itertools import permutations
+from typing import Callable, Iterator
 
 from .bounded import play_durations
 from .greedy import OpTime
@@ -98,6 +100,15 @@ def slots(ranks: int, base: tuple[int, int, int], offsets: list[int]) -> list[li
     return s
 
 
+@lru_cache(maxsize=1 << 15)
+def _slots_of(ranks: int, base: tuple[int, int, int], big: int, small: int, split: int
+              ) -> tuple[tuple[int, ...], ...] | None:
+    """`slots` with offset `big` for the first `split` ranks and `small` after, as tuples:
+    remembered, since every search at any m and limit walks the same blocks."""
+    table = slots(ranks, base, [big] * split + [small] * (ranks - 1 - split))
+    return None if table is None else tuple(map(tuple, table))
+
+
 def steady_peak(table: list[list[int]], microbatches: int) -> int:
     """Most chunk activations any rank holds when it runs `table` strictly (an upper bound
     for few microbatches): a chunk's activations live from its F to its W."""
@@ -124,13 +135,12 @@ def family(ranks: int, microbatches: int, limit_units: int) -> list[list[list[in
                 splits = [p - 1] if small == big or p == 1 else list(range(p - 1, 0, -1))
                 kept = 0
                 for split in splits:
-                    table = slots(p, base, [big] * split + [small] * (p - 1 - split))
-                    if table is None or steady_peak(table, microbatches) > limit_units:
+                    key = _slots_of(p, base, big, small, split)
+                    if key is None or steady_peak(key, microbatches) > limit_units:
                         continue
-                    key = tuple(map(tuple, table))
                     if key not in seen:
                         seen.add(key)
-                        out.append(table)
+                        out.append([list(row) for row in key])
                     kept += 1
                     if kept == 2:
                         break
@@ -161,6 +171,11 @@ class Ops:
                 (r, B1),
                 (r, B0),
             ])
+
+    def inputs(self) -> list[list[int]]:
+        """Per rank and kind, the flat index (6 * rank + kind) * m of microbatch 0's input
+        (add the microbatch), -1 for rank 0's F0: the layout `timing` and `play` use."""
+        return [[-1 if d is None else (6 * d[0] + d[1]) * self.m for d in row] for row in self.dep]
 
     def schedule(self, programs: list[list[tuple[int, int]]], name: str) -> Schedule:
         p, m = self.p, self.m
@@ -226,107 +241,141 @@ def timing(ops: Ops, programs: list[list[tuple[int, int]]], end: list[float] | N
     return max((free[r] for r, prog in enumerate(programs) if prog), default=0.0), end
 
 
-def play(ops: Ops, table: list[list[int]], limit_units: int, ready: bool,
-         caps: list[int] | None = None, cutoff: float = math.inf
-         ) -> tuple[list[list[tuple[int, int]]], float] | None:
-    """Per-rank programs [(kind, microbatch)] of one play of `table` (module doc) and its
-    makespan (seconds); None when it deadlocks or cannot end by `cutoff` (seconds, a
-    relative 1e-7 margin for rounding). `ready`: the ready play (else the strict one);
-    `caps[r]`: most first-chunk forwards rank r runs before its first backward."""
-    p, m, dur, dep = ops.p, ops.m, ops.dur, ops.dep
+class _PlayState:
+    """Everything a play changes as it runs (`_advance`): plays of several blocks that
+    agree on their ops so far share one, and copy it where they part."""
+
+    def __init__(self, ops: Ops):
+        p, m, dur = ops.p, ops.m, ops.dur
+        # op (rank r, kind k, microbatch i) at (6r + k) m + i, as in `timing`: one flat index
+        self.end = [math.nan] * (6 * p * m)
+        self.nxt = [[0] * 6 for _ in range(p)]  # next microbatch of each kind
+        self.at_of = [[math.nan] * 6 for _ in range(p)]  # when that op's input is done (nan: not yet known)
+        self.held, self.forwards = [0] * p, [0] * p
+        self.programs: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+        self.work = [m * sum(dur[r]) for r in range(p)]
+        self.wake, self.free = [0.0] * p, [0.0] * p
+        self.heap = [(0.0, r) for r in range(p)]
+        self.waiting: dict[int, list[int]] = {}  # an op's index -> the ranks that wait for it
+        self.left = [6 * m] * p
+
+    def copy(self) -> "_PlayState":
+        new = object.__new__(_PlayState)
+        new.end, new.heap = list(self.end), list(self.heap)
+        for name in ("nxt", "at_of", "programs"):
+            setattr(new, name, [list(x) for x in getattr(self, name)])
+        for name in ("held", "forwards", "work", "wake", "free", "left"):
+            setattr(new, name, list(getattr(self, name)))
+        new.waiting = {key: list(q) for key, q in self.waiting.items()}
+        return new
+
+
+def _advance(ops: Ops, st: _PlayState, rows: list[list[list[int]]], limit_units: int, ready: bool,
+             caps: list[int], cutoff: float, start: tuple[float, int, int] | None) -> tuple:
+    """Run the play in `st` (see `play`) for the blocks whose slot tables are `rows`
+    (all of them agree on the ops run so far), from `start` (time, rank, kind: that op
+    runs first) or the next event. Returns ("done", programs, makespan), ("none",) when
+    it deadlocks or cannot end by `cutoff` (rounding margin included), or ("part", t, r,
+    picks) where the blocks choose different ops: picks[j] is rows[j]'s kind for rank r
+    at t, the state left as before that choice. Not `ready`: the strict play (one block)."""
+    p, m, dur = ops.p, ops.m, ops.dur
     nan, inf = math.nan, math.inf
-    cutoff = cutoff * (1 + 1e-7) if cutoff < inf else inf
-    end = [[[nan] * m for _ in range(6)] for _ in range(p)]
-    nxt = [[0] * 6 for _ in range(p)]   # next microbatch of each kind
-    at_of = [[nan] * 6 for _ in range(p)]  # when that op's input is done (nan: not yet known)
-    held = [0] * p
-    forwards = [0] * p
-    programs: list[list[tuple[int, int]]] = [[] for _ in range(p)]
-    strict: list[list[tuple[int, int]]] = []
-    pos = [0] * p
-    if not ready:
-        for r in range(p):
-            row = table[r]
-            strict.append([(k, i) for _, k, i in sorted((row[k] + 6 * i, k, i) for k in range(6) for i in range(m))])
-    work = [m * sum(dur[r]) for r in range(p)]
-    wake = [0.0] * p
-    free = [0.0] * p
-    heap = [(0.0, r) for r in range(p)]
-    waiting: dict[tuple[int, int, int], list[int]] = {}
-    left = [6 * m] * p
+    end, nxt, at_of, held, forwards = st.end, st.nxt, st.at_of, st.held, st.forwards
+    programs, work, wake, free, heap, waiting, left = st.programs, st.work, st.wake, st.free, st.heap, \
+        st.waiting, st.left
+    inp = ops.inputs()
     push, pop = heapq.heappush, heapq.heappop
     two_m = 2 * m
-    cap_of = caps if caps is not None else [m] * p
-    backs, ws = (B1, B0), (W1, W0)
-
-    while heap:
-        t, r = pop(heap)
-        if t != wake[r] or not left[r]:
-            continue
-        pick = -1
-        soon = inf
-        nr, er, ar, depr = nxt[r], end[r], at_of[r], dep[r]
-        if forwards[r] < two_m and not ready:  # the block's order, waiting for inputs
-            k, i = strict[r][pos[r]]
-            kinds = (k,)
-        elif forwards[r] < two_m:  # any kind the block ranks first, if memory admits it
-            kinds = range(6)
-        else:  # cool-down: backwards, then W's
-            kinds = backs
-        best = inf
-        row = table[r]
-        for k in kinds:
-            i = nr[k]
-            if i >= m:
+    backs, ws, every = (B1, B0), (W1, W0), range(6)
+    single = len(rows) == 1
+    while True:
+        if start is not None:
+            t, r, pick = start
+            start = None
+            nr = nxt[r]
+        else:
+            if not heap:
+                break
+            t, r = pop(heap)
+            if t != wake[r] or not left[r]:
                 continue
-            if k == F0:
-                if ready and (held[r] + 2 > limit_units or (nr[B1] == 0 and i >= cap_of[r])):
-                    continue
-            elif k == F1:
-                if ready and held[r] + 1 > limit_units:
-                    continue
-            at = ar[k]
-            if at != at:
-                d = depr[k]
-                if d is None:
-                    at = 0.0
-                else:
-                    at = end[d[0]][d[1]][i]
-                    if at != at:
-                        key = (d[0], d[1], i)
-                        if key in waiting:
-                            waiting[key].append(r)
-                        else:
-                            waiting[key] = [r]
-                        continue
-                ar[k] = at
-            if at > t:
-                if at < soon:
-                    soon = at
-                continue
-            key = row[k] + 6 * i
-            if key < best:
-                best, pick = key, k
-        if pick < 0 and forwards[r] == two_m:
-            for k in ws:
+            soon = inf
+            nr, ar, ir = nxt[r], at_of[r], inp[r]
+            no_f0 = no_f1 = False  # whether memory holds a forward of each chunk back
+            if forwards[r] < two_m and not ready:  # the block's order, waiting for inputs
+                kinds = (_first(rows[0][r], every, nr, m),)
+            elif forwards[r] < two_m:  # any kind the block ranks first, if memory admits it
+                kinds = every
+                h = held[r]
+                no_f0 = h + 2 > limit_units or (nr[B1] == 0 and nr[F0] >= caps[r])
+                no_f1 = h + 1 > limit_units
+            else:  # cool-down: backwards, then W's
+                kinds = backs
+            # the ready ops memory admits: one block picks the one it ranks first (its slot)
+            # as it looks; several collect them all and part where they disagree
+            found = []
+            pick, best = -1, inf
+            row = rows[0][r]
+            for k in kinds:
                 i = nr[k]
-                if i < m and er[k - 2][i] <= t:
+                if i >= m:
+                    continue
+                if k < 2 and (no_f1 if k else no_f0):
+                    continue
+                at = ar[k]
+                if at != at:
+                    d = ir[k]
+                    if d < 0:
+                        at = 0.0
+                    else:
+                        d += i
+                        at = end[d]
+                        if at != at:
+                            if d in waiting:
+                                waiting[d].append(r)
+                            else:
+                                waiting[d] = [r]
+                            continue
+                    ar[k] = at
+                if at > t:
+                    if at < soon:
+                        soon = at
+                    continue
+                if single:
                     key = row[k] + 6 * i
                     if key < best:
                         best, pick = key, k
-        if pick < 0:
-            wake[r] = soon
-            if soon < inf:
-                push(heap, (soon, r))
-            continue
+                else:
+                    found.append(k)
+            if pick < 0 and not found and forwards[r] == two_m:
+                br = 6 * r * m
+                for k in ws:
+                    i = nr[k]
+                    if i < m and end[br + (k - 2) * m + i] <= t:
+                        if single:
+                            key = row[k] + 6 * i
+                            if key < best:
+                                best, pick = key, k
+                        else:
+                            found.append(k)
+            if found:
+                pick = found[0] if len(found) == 1 else _parting(rows, r, found, nr)
+                if pick < 0:
+                    return "part", t, r, [_first(rows_j[r], found, nr, m) for rows_j in rows]
+            if pick < 0:
+                wake[r] = soon
+                if soon < inf:
+                    push(heap, (soon, r))
+                continue
+        # run it
         k = pick
         i = nr[k]
-        if not ready and forwards[r] < two_m:
-            pos[r] += 1
-        e = t + dur[r][k]
-        er[k][i] = e
+        dk = dur[r][k]
+        e = t + dk
+        x = 6 * r * m + k * m + i
+        end[x] = e
         nr[k] = i + 1
-        ar[k] = nan
+        at_of[r][k] = nan
         left[r] -= 1
         programs[r].append((k, i))
         if k <= F1:
@@ -335,10 +384,10 @@ def play(ops: Ops, table: list[list[int]], limit_units: int, ready: bool,
         elif k >= W1:
             held[r] -= 1
         free[r] = e
-        work[r] -= dur[r][k]
+        work[r] -= dk
         if e + work[r] > cutoff:
-            return None
-        waiters = waiting.pop((r, k, i), None)
+            return ("none",)
+        waiters = waiting.pop(x, None)
         if waiters:
             for q in waiters:
                 fq = free[q]
@@ -350,65 +399,168 @@ def play(ops: Ops, table: list[list[int]], limit_units: int, ready: bool,
             wake[r] = e
             push(heap, (e, r))
     if any(left):
-        return None
-    return programs, max(free, default=0.0)
+        return ("none",)
+    return "done", programs, max(free, default=0.0)
+
+
+def _first(row: list[int], found, nxt: list[int], m: int) -> int:
+    """The kind among `found` whose next op (microbatch nxt[kind], those below `m`) `row`
+    ranks first. (The strict order's next op: a rank has run its first ops in it, the
+    first nxt[kind] of each kind.)"""
+    pick, best = -1, math.inf
+    for k in found:
+        i = nxt[k]
+        if i < m:
+            key = row[k] + 6 * i
+            if key < best:
+                best, pick = key, k
+    return pick
+
+
+def _parting(rows: list[list[list[int]]], r: int, found: list[int], nxt: list[int]) -> int:
+    """The kind every block of `rows` picks on rank r among `found`, or -1 when they differ."""
+    pick = _first(rows[0][r], found, nxt, math.inf)
+    for rows_j in rows:
+        if _first(rows_j[r], found, nxt, math.inf) != pick:
+            return -1
+    return pick
+
+
+def _margin(cutoff: float) -> float:
+    """`cutoff` with the relative 1e-7 rounding margin `play` allows."""
+    return cutoff * (1 + 1e-7) if cutoff < math.inf else math.inf
+
+
+def play(ops: Ops, table: list[list[int]], limit_units: int, ready: bool,
+         caps: list[int] | None = None, cutoff: float = math.inf
+         ) -> tuple[list[list[tuple[int, int]]], float] | None:
+    """Per-rank programs [(kind, microbatch)] of one play of `table` (module doc) and its
+    makespan (seconds); None when it deadlocks or cannot end by `cutoff` (seconds, a
+    relative 1e-7 margin for rounding). `ready`: the ready play (else the strict one);
+    `caps[r]`: most first-chunk forwards rank r runs before its first backward."""
+    p, m = ops.p, ops.m
+    out = _advance(ops, _PlayState(ops), [table], limit_units, ready,
+                   caps if caps is not None else [m] * p, _margin(cutoff), None)
+    return (out[1], out[2]) if out[0] == "done" else None
+
+
+def play_ready(ops: Ops, tables: list[list[list[int]]], limit_units: int, caps: list[int],
+               cutoff: Callable[[], float]) -> Iterator[tuple[list[int], list[list[tuple[int, int]]], float]]:
+    """The ready plays of `tables` (`play` of each with `ready`), played together: the
+    ops they agree on run once, and a play is copied where the blocks choose
+    differently. Yields (indices into `tables`, their programs, makespan) for each
+    distinct play that ends by `cutoff()` (asked again after each yield: a caller
+    keeping the fastest lowers it), in no fixed order; the others are left out, as
+    `play` gives them None."""
+    todo = [(_PlayState(ops), list(range(len(tables))), None)]
+    while todo:
+        st, members, start = todo.pop()
+        out = _advance(ops, st, [tables[j] for j in members], limit_units, True, caps,
+                       _margin(cutoff()), start)
+        if out[0] == "done":
+            yield members, out[1], out[2]
+        elif out[0] == "part":
+            _, t, r, picks = out
+            parts: dict[int, list[int]] = {}
+            for j, k in zip(members, picks):
+                parts.setdefault(k, []).append(j)
+            groups = list(parts.items())
+            for n, (k, group) in enumerate(groups):  # the state itself goes to the last
+                todo.append((st if n == len(groups) - 1 else st.copy(), group, (t, r, k)))
+
+
+def _after(prog: list[tuple[int, int]], br: list[int], end: list[float], since: float) -> int:
+    """The position of rank's first op whose previous op ends at `since` or later."""
+    lo, hi = 0, len(prog)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if mid == 0:
+            hi = mid
+            continue
+        k, i = prog[mid - 1]
+        if end[br[k] + i] < since:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _first_gap(ops: Ops, prog: list[tuple[int, int]], r: int, end: list[float], since: float) -> float | None:
+    """When rank r's first idle gap at `since` or later starts (its first fillable one
+    starts no sooner), or None without one."""
+    m, dr = ops.m, ops.dur[r]
+    br = [(6 * r + k) * m for k in range(6)]
+    lo = _after(prog, br, end, since)
+    prev = end[br[prog[lo - 1][0]] + prog[lo - 1][1]] if lo else 0.0
+    for j in range(lo, len(prog)):
+        k, i = prog[j]
+        e = end[br[k] + i]
+        if e - dr[k] > prev * (1 + 1e-12) + 1e-15:
+            return prev
+        prev = e
+    return None
+
+
+def _rank_move(ops: Ops, prog: list[tuple[int, int]], r: int, end: list[float], limit_units: int,
+               since: float) -> tuple[float, int, int, int] | None:
+    """Rank r's earliest gap starting at `since` or later that a later op can fill (see
+    `fill_gaps`): (gap start, r, position of the gap's op, position of the op), or None."""
+    m, dr = ops.m, ops.dur[r]
+    br = [(6 * r + k) * m for k in range(6)]
+    ir = [-1 if d is None else (6 * d[0] + d[1]) * m for d in ops.dep[r]]
+    lo = _after(prog, br, end, since)
+    held = 0
+    for k, i in prog[:lo]:
+        held += 1 if k <= F1 else -1 if k >= W1 else 0
+    prev = end[br[prog[lo - 1][0]] + prog[lo - 1][1]] if lo else 0.0
+    for j in range(lo, len(prog)):
+        k, i = prog[j]
+        start = end[br[k] + i] - dr[k]
+        if start > prev * (1 + 1e-12) + 1e-15:
+            gap = start - prev
+            seen = 1 << k  # each kind keeps its order: only its first op after the gap may move
+            h = held + (1 if k <= F1 else -1 if k >= W1 else 0)
+            top = max(held, h)
+            for x in range(j + 1, len(prog)):
+                kx, ix = prog[x]
+                bit = 1 << kx
+                if not seen & bit:
+                    seen |= bit
+                    if dr[kx] <= gap:
+                        d = ir[kx]
+                        ready = 0.0 if d < 0 else end[d + ix]
+                        if ready <= prev and (kx > F1 or top + 1 <= limit_units):
+                            return prev, r, j, x
+                    if seen == 63:
+                        break
+                # what the rank holds after each op the moved one would now precede
+                h += 1 if kx <= F1 else -1 if kx >= W1 else 0
+                if h > top:
+                    top = h
+        held += 1 if k <= F1 else -1 if k >= W1 else 0
+        prev = end[br[k] + i]
+    return None
 
 
 def _gap_moves(ops: Ops, programs: list[list[tuple[int, int]]], end: list[float], limit_units: int,
-               since: float) -> list[tuple[float, int, int, int]]:
+               since: float, earliest: bool = False) -> list[tuple[float, int, int, int]]:
     """Per rank, its earliest gap starting at `since` or later that a later op can fill
-    (see `fill_gaps`): (gap start, rank, position of the gap's op, position of the op)."""
-    p, m, dur = ops.p, ops.m, ops.dur
-    moves = []
-    for r in range(p):
-        prog, dr = programs[r], dur[r]
-        br = [(6 * r + k) * m for k in range(6)]
-        ir = [-1 if d is None else (6 * d[0] + d[1]) * m for d in ops.dep[r]]
-        lo, hi = 0, len(prog)
-        while lo < hi:  # the first op whose previous op ends at `since` or later
-            mid = (lo + hi) // 2
-            if mid == 0:
-                hi = mid
-                continue
-            k, i = prog[mid - 1]
-            if end[br[k] + i] < since:
-                lo = mid + 1
-            else:
-                hi = mid
-        held = 0
-        for k, i in prog[:lo]:
-            held += 1 if k <= F1 else -1 if k >= W1 else 0
-        prev = end[br[prog[lo - 1][0]] + prog[lo - 1][1]] if lo else 0.0
-        for j in range(lo, len(prog)):
-            k, i = prog[j]
-            start = end[br[k] + i] - dr[k]
-            if start > prev * (1 + 1e-12) + 1e-15:
-                gap = start - prev
-                seen = 1 << k  # each kind keeps its order: only its first op after the gap may move
-                h = held + (1 if k <= F1 else -1 if k >= W1 else 0)
-                top = max(held, h)
-                for x in range(j + 1, len(prog)):
-                    kx, ix = prog[x]
-                    bit = 1 << kx
-                    if not seen & bit:
-                        seen |= bit
-                        if dr[kx] <= gap:
-                            d = ir[kx]
-                            ready = 0.0 if d < 0 else end[d + ix]
-                            if ready <= prev and (kx > F1 or top + 1 <= limit_units):
-                                moves.append((prev, r, j, x))
-                                break
-                        if seen == 63:
-                            break
-                    # what the rank holds after each op the moved one would now precede
-                    h += 1 if kx <= F1 else -1 if kx >= W1 else 0
-                    if h > top:
-                        top = h
-                if moves and moves[-1][1] == r:
-                    break
-            held += 1 if k <= F1 else -1 if k >= W1 else 0
-            prev = end[br[k] + i]
-    return moves
+    (see `fill_gaps`): (gap start, rank, position of the gap's op, position of the op).
+    With `earliest` only the least of them: ranks are looked at in the order of their
+    first gap, and no further once a gap found starts before the next rank's first."""
+    if not earliest:
+        return [move for r, prog in enumerate(programs)
+                if (move := _rank_move(ops, prog, r, end, limit_units, since)) is not None]
+    firsts = sorted((g, r) for r, prog in enumerate(programs)
+                    if (g := _first_gap(ops, prog, r, end, since)) is not None)
+    best = None
+    for g, r in firsts:
+        if best is not None and g > best[0]:
+            break  # its moves start later than the best, or tie it from a later rank
+        move = _rank_move(ops, programs[r], r, end, limit_units, since)
+        if move is not None and (best is None or move < best):
+            best = move
+    return [] if best is None else [best]
 
 
 def fill_gaps(ops: Ops, programs: list[list[tuple[int, int]]], limit_units: int, max_rounds: int
@@ -428,7 +580,7 @@ def fill_gaps(ops: Ops, programs: list[list[tuple[int, int]]], limit_units: int,
     makespan, end = timed
     since = 0.0
     for _ in range(max_rounds):
-        moves = _gap_moves(ops, programs, end, limit_units, since)
+        moves = _gap_moves(ops, programs, end, limit_units, since, len(end) <= SINGLE_MOVES_UP_TO)
         if not moves:
             break
         moves.sort()
@@ -516,13 +668,29 @@ def _search(ops: Ops, units: int, op_time: OpTime, keep: int) -> list[tuple[list
 
     def fastest(ops: Ops, ways: list, count: int) -> list[tuple[float, int, list, tuple]]:
         best: list[tuple[float, int, list, tuple]] = []  # (makespan, order, programs, way), fastest first
+
+        def cutoff() -> float:
+            return best[-1][0] if len(best) >= count else math.inf
+
+        def add(makespan: float, n: int, programs: list) -> None:
+            best.append((makespan, n, programs, ways[n]))
+            best.sort(key=lambda x: (x[0], x[1]))
+            del best[count:]
+
+        # A play is dropped only when it must end after `cutoff()`, the count-th fastest so
+        # far, so it could not be among the count fastest of all (ties: the first in
+        # `ways`): the order the plays run in does not change what is kept.
+        # The ready plays first: they are the faster as a rule, and a low cutoff drops
+        # the strict plays early.
+        readies = [n for n, (_, ready) in enumerate(ways) if ready]
+        for members, programs, makespan in play_ready(ops, [ways[n][0] for n in readies], units, caps, cutoff):
+            for j in members:  # blocks that agree on every op: one play, a copy each
+                add(makespan, readies[j], [list(prog) for prog in programs])
         for n, (table, ready) in enumerate(ways):
-            played = play(ops, table, units, ready, caps if ready else None,
-                          best[-1][0] if len(best) >= count else math.inf)
-            if played is not None:
-                best.append((played[1], n, played[0], (table, ready)))
-                best.sort(key=lambda x: (x[0], x[1]))
-                del best[count:]
+            if not ready:
+                played = play(ops, table, units, False, None, cutoff())
+                if played is not None:
+                    add(played[1], n, played[0])
         return best
 
     if m > SCREEN_BEYOND * p:

@@ -3,6 +3,8 @@ orders within the memory limit, makespans that are the simulated ones, gap filli
 never lengthens a play, and the peers' numbers at V-Min's memory."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pipesched.schedules import v_pattern
@@ -10,7 +12,7 @@ from pipesched.schedules.activations import peak_activations
 from pipesched.schedules.ir import Schedule, looped_stages
 from pipesched.schedules.registry import build
 from pipesched.schedules.timeline import makespan_under
-from pipesched.schedules.v_pattern import (B0, B1, F0, F1, W0, W1, Ops, family, fill_gaps, play, slots,
+from pipesched.schedules.v_pattern import (B0, B1, F0, F1, W0, W1, Ops, family, fill_gaps, play, play_ready, slots,
                                            steady_peak, timing, v_pattern_plays)
 from pipesched.schedules.validate import validate
 from pipesched.simulator.costs import CostModel, StageCost, uniform
@@ -174,3 +176,21 @@ def test_the_one_chunk_search_is_unchanged():
 def test_kinds_name_the_ops_of_the_v():
     assert (F0, F1, B1, B0, W1, W0) == tuple(range(6))
     assert v_pattern.OPS == ("F", "F", "B", "B", "W", "W") and v_pattern.CHUNK == (0, 1, 1, 0, 1, 0)
+
+
+@pytest.mark.parametrize("fbw", [(1, 1, 1), (2, 3, 1)])
+def test_ready_plays_together_equal_each_play_alone(fbw):
+    # play_ready shares the ops the blocks agree on and copies the state where they part:
+    # every play it yields is the one `play` gives that block alone, and a block it
+    # leaves out either deadlocks or cannot end by the cutoff
+    p, m, units = 6, 18, 7
+    ops = Ops(p, m, uniform(*fbw).op_time_for(p))
+    caps = [units - min(r + 1, units // 2) for r in range(p)]
+    tables = family(p, m, units + 4)[::3]
+    alone = [play(ops, t, units, True, caps) for t in tables]
+    seen = set()
+    for members, programs, makespan in play_ready(ops, tables, units, caps, lambda: math.inf):
+        for j in members:
+            assert alone[j] == (programs, makespan)
+            seen.add(j)
+    assert seen == {j for j, got in enumerate(alone) if got is not None} and len(seen) > 3
