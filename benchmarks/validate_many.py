@@ -11,7 +11,11 @@ calibrate, over all, the ranking hits, how much slower the predicted pick measur
 measured fastest (median and worst: the loss a user who trusts the pick pays) and how often
 the command said its pick was not settled.
 
-    python benchmarks/validate_many.py --seed 2037 --models 6 [--ranks 2,4] [--out DIR]
+With --step-barrier none each command also runs every schedule's steps back to back and
+compares the period (`validate --step-barrier none`): the period's error is printed beside
+the makespan's, and the ranking (hits, losses) is by period.
+
+    python benchmarks/validate_many.py --seed 2037 --models 6 [--ranks 2,4] [--out DIR] [--step-barrier none]
 """
 from __future__ import annotations
 
@@ -41,18 +45,21 @@ def main() -> int:
     ap.add_argument("--models", type=int, default=6)
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--out", type=Path, help="keep each command's folder here")
+    ap.add_argument("--step-barrier", choices=("all", "none"), default="all",
+                    help="none: also compare each schedule's period of steps back to back, and rank by it")
     args = ap.parse_args()
+    periods = args.step_barrier == "none"
     out = args.out or Path(tempfile.mkdtemp(prefix="validate-many-"))
     ranks = [int(x) for x in args.ranks.split(",")]
     draws = draw_models(args.seed, args.models, ranks)
     calibrating = set(CALIBRATION_RUNS) | {OTHER_SPLIT_RUN}
     print(f"seed {args.seed}, {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.2f}")
     for p in ranks:
-        errors, other, hits, walls, losses, unsettled = [], [], [], [], [], 0
+        errors, other, hits, walls, losses, unsettled, period_errors = [], [], [], [], [], 0, []
         for i, draw in enumerate(draws):
             folder = out / f"p{p}-model{i}"
             cmd = ["pipesched", "validate", ",".join(SCHEDULES), "-p", str(p), "-m", str(draw.m_per_p[p]),
-                   *model_flags(draw), "--json", "--out", str(folder)]
+                   *model_flags(draw), "--json", "--out", str(folder), "--step-barrier", args.step_barrier]
             doc, wall = run_json(cmd, f"p={p} model {i}")
             if doc is None:
                 continue
@@ -66,9 +73,13 @@ def main() -> int:
             errors += [abs(s["makespan_rel_error"]) for s in doc["schedules"]]
             other += [abs(s["makespan_rel_error"]) for s in doc["schedules"] if s["schedule"] not in calibrating]
             halves = max(s["measured_halves_apart"] or 0.0 for s in doc["schedules"])
+            if periods:
+                period_errors += [abs(s["period"]["rel_error"]) for s in doc["schedules"]]
             print(f"p={p} model {i} ({draw.kind} hidden {draw.hidden}, {draw.depth} blocks a rank, microbatch "
                   f"{draw.microbatch_size}, m {draw.m_per_p[p]}): {wall:.0f} s; errors "
-                  + " ".join(f"{s['schedule']} {100 * s['makespan_rel_error']:+.1f}%" for s in doc["schedules"])
+                  + " ".join(f"{s['schedule']} {100 * s['makespan_rel_error']:+.1f}%"
+                             + (f" (period {100 * s['period']['rel_error']:+.1f}%)" if periods else "")
+                             for s in doc["schedules"])
                   + f"; fastest predicted {ranking['predicted_fastest']}, measured {ranking['measured_fastest']} "
                   f"(pick {100 * ranking['pick_over_fastest']:+.1f} %: {'right' if hit else 'WRONG'}); "
                   f"halves apart up to {100 * halves:.1f} %", flush=True)
@@ -77,7 +88,9 @@ def main() -> int:
                   f"all median {100 * statistics.median(errors):.2f} %; fastest right {sum(hits)}/{len(hits)}; "
                   f"the pick measured over the fastest: median {100 * statistics.median(losses):.2f} %, worst "
                   f"{100 * max(losses):.2f} %; picks the command called not settled {unsettled}/{len(losses)}; "
-                  f"wall median {statistics.median(walls):.0f} s (runs kept in {out})")
+                  f"wall median {statistics.median(walls):.0f} s (runs kept in {out})"
+                  + (f"; period error median {100 * statistics.median(period_errors):.2f} %, max "
+                     f"{100 * max(period_errors):.2f} % (ranked by period)" if period_errors else ""))
     return 0
 
 
