@@ -642,7 +642,9 @@ def estimate_layer(hidden: int, seq: int, microbatch_size: int, dtype: str, devi
 
     name = device_name.lower()
     kind = "h200" if "h200" in name else "a100-80gb" if "a100" in name else "h100-sxm"
-    heads = max(1, hidden // 32)
+    from pipesched.executor.hf_models import HFModel
+
+    heads = HFModel("hf-llama", hidden).heads   # the block profiled is built with these
     config = from_hf_dict({"model_type": "llama", "num_hidden_layers": 1, "hidden_size": hidden,
                            "intermediate_size": 4 * hidden, "num_attention_heads": heads,
                            "num_key_value_heads": heads, "vocab_size": 8192, "tie_word_embeddings": False,

@@ -247,6 +247,14 @@ def calibrate_and_run_all(ctx: RankContext, schedules: list[Schedule], models: l
     return (costs, results, periods) if ctx.rank == 0 else None
 
 
+def check_period_options(options: RunOptions) -> None:
+    """ValueError for steps back to back with data parallelism: validate --dp compares one
+    step (its all-reduces are the tail of that step), not a period."""
+    if options.dp > 1 and options.step_barrier == "none":
+        raise ValueError("validate --dp compares one step: validate steps back to back (--step-barrier none) "
+                         "without --dp")
+
+
 def period_runs(ctx: RankContext, schedules: list[Schedule], models: list, options: RunOptions
                 ) -> list[RunResult | None]:
     """Collective: each schedule's warm-up and measured steps once more, on its own and
@@ -265,12 +273,10 @@ def validate_schedule(schedule: Schedule, model: PipelineModel | ExampleModel, o
     solo profiles on p ranks, then on p x d ranks the data-parallel costs and the run;
     the prediction is the whole step, tail included."""
     calibration = _checked(calibration, options)
+    check_period_options(options)
     if options.dp > 1:
         if under_torchrun():
             raise ValueError("validate --dp runs two launches; start it without torchrun")
-        if options.step_barrier != "all":
-            raise ValueError("validate --dp compares one step; steps back to back (--step-barrier none) "
-                             "are validated without --dp")
         costs, result = calibrate_data_parallel(schedule, model, options.dp, calibration, backend,
                                                 options.bucket_bytes, beside=options)
         return assemble(schedule, costs, result, options)
@@ -307,8 +313,7 @@ def validate_schedules(schedules: list[Schedule], model: PipelineModel | Example
     out = launch_local(calibrate_and_run_all, (schedules, models, calibration, options), first.ranks, backend,
                        options.timeout * len(schedules))
     costs, results, periods = out
-    return [assemble(s, costs, r, options, None if periods is None else q)
-            for s, r, q in zip(schedules, results, periods or results)]
+    return [assemble(s, costs, r, options, q) for s, r, q in zip(schedules, results, periods or [None] * len(results))]
 
 
 def network_for(model: PipelineModel | ExampleModel, split_for: Schedule, schedule: Schedule

@@ -56,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:  # before torch is imported: refused at once
         check_out_folder(args.out, args.schedule)
     import_executor("validate")
-    from pipesched.executor.validation import validate_schedule
+    from pipesched.executor.validation import check_period_options, validate_schedule
 
     options = run_options(args)
     check_launchable_ranks(args.ranks, options.dp)
-    if options.dp > 1 and options.step_barrier == "none":
-        raise UsageError("validate --dp compares one step: validate steps back to back (--step-barrier none) "
-                         "without --dp")
+    try:
+        check_period_options(options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     schedule = schedule_from_args(args)
     model = model_from_args(args, schedule)
     prepare_checked(schedule, model, args.backend, options.dp, args.timeout, model_label(args))
