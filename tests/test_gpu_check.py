@@ -128,14 +128,15 @@ def test_a_failing_step_is_recorded_and_the_next_runs(tmp_path):
 
 @pytest.mark.distributed
 def test_dry_run_measures_every_step_kind(tmp_path):
-    """The command the brief names, on gloo at tiny sizes: about 45 s on 2 idle cores (its
-    budget, 110 s, puts off and skips steps on a loaded machine, but keeps one of each kind)."""
+    """The command the brief names, on gloo at tiny sizes: about 45 s on 2 idle cores. Its
+    budget is an upper bound: under a load of 4 the steps run 2-3x their estimates, so a
+    110 s budget skipped torch's runtime; 240 s keeps one of each kind there."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     out = tmp_path / "out"
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), "--dry-run", "--budget", "110"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=170)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(out), "--dry-run", "--budget", "240"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=320)
     took = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
@@ -155,4 +156,4 @@ def test_dry_run_measures_every_step_kind(tmp_path):
     assert (out / "summary.txt").read_text().startswith("kind")
     assert "$ " in (out / "raw.log").read_text()
     assert (out / "artifacts.tar.gz").stat().st_size > 0
-    assert took < 150, took
+    assert took < 280, took
