@@ -212,9 +212,12 @@ def measured_makespan(trace: Trace, replicas: int = 1) -> float:
 
 
 def without_parameters(costs: CostModel) -> CostModel:
-    """The same costs with no parameter bytes (what the executor's memory count leaves out)."""
+    """The same costs with no parameter bytes (what the executor's memory count leaves
+    out); the weight-gradient bytes, which default to the parameter bytes, are kept: the
+    data-parallel all-reduces and the shared-gradient sums still send them."""
     def strip(stages):
-        return None if stages is None else tuple(replace(s, param_bytes=0.0) for s in stages)
+        return None if stages is None else tuple(replace(s, param_bytes=0.0, weight_grad_bytes=s.synced_bytes)
+                                                 for s in stages)
 
     return replace(costs, stages=strip(costs.stages), model_stages=strip(costs.model_stages))
 

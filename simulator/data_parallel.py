@@ -17,7 +17,10 @@ every replica's copy of it is ready (`gradients_ready`). Per rank and per virtua
   stages in the order they became ready (ties: lower stage first);
 - then each stage's optimizer step (`StageCost.optimizer_time` seconds) runs on the
   rank's compute lane, after the rank's last pipeline op and the stage's last bucket,
-  in the order the stages' all-reduces finished.
+  in the order the stages' all-reduces finished; where model stages are held by
+  several ranks (DualPipe), after the sum of their gradients too, which follows the
+  rank's last all-reduce (`simulator.shared_grads`; `simulator.steps` passes it in: the
+  one-step Trace has no spans for it, as a measured one has none).
 
 Host time outside ops, shared compute and noise do not apply to the tail: it is added
 after the pipeline's timeline as these rules say. `exposed_allreduce` says how much
@@ -33,6 +36,7 @@ from pipesched.schedules.ir import BW, OPS, W, Schedule
 
 from .costs import DataParallel, StageCost
 from .dedicated import replica_compute
+from .shared_grads import SharedSums
 from .trace import ALLREDUCE, COMPUTE, OPTIMIZER, SPAN_OPS, Trace
 
 
@@ -63,45 +67,67 @@ def gradients_ready(trace: Trace, schedule: Schedule) -> dict[int, list[tuple[fl
 
 
 def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageCost], dp: DataParallel,
-                  ready: dict[int, list[tuple[float, int, int]]] | None = None, measured: Trace | None = None
-                  ) -> Trace:
+                  ready: dict[int, list[tuple[float, int, int]]] | None = None, measured: Trace | None = None,
+                  sums: SharedSums | None = None, free: np.ndarray | None = None) -> Trace:
     """`trace` (one replica's pipeline) with the all-reduce and optimizer spans of the
     step's tail appended, and meta["data_parallel"] describing it. stage_costs: per
     model stage (seconds, bytes); `ready`: `gradients_ready` (default: of `trace`, as
     when every replica runs the same timeline). `measured`: a run whose tail gives each
     all-reduce bucket's and optimizer step's duration instead (a replay; its
-    all-reduces hold the wait for the other replicas), the costs' where it has none."""
+    all-reduces hold the wait for the other replicas), the costs' where it has none.
+    `sums`: the shared gradients summed between the all-reduces and the optimizer steps
+    (`simulator.shared_grads`), from each rank's last all-reduce or `free` (seconds per
+    rank when it is free after its pipeline; default: its last op's end), whichever is
+    later; when each rank is through them (seconds per rank; a rank in no group: that
+    time) goes to meta["shared_gradients"]["ends"]."""
     took = _tail_durations(measured) if measured is not None else {}
-    rows: list[tuple] = []  # rank, lane, op, mb, stage, start, end
     comp = np.flatnonzero(trace.lane == COMPUTE)
     pipeline_end = np.full(schedule.ranks, -np.inf)
     np.maximum.at(pipeline_end, trace.rank[comp], trace.end[comp])
     ready_by_rank = gradients_ready(trace, schedule) if ready is None else ready
-    for r in range(schedule.ranks):
-        if not np.isfinite(pipeline_end[r]):
-            continue
-        stages_ready = sorted(ready_by_rank.get(r, []))
-        link_free = -np.inf  # free from the start (times may be any: simulator.steps starts from -inf)
-        synced = []  # (time its all-reduces finish, stage)
-        for t, v, op in stages_ready:
-            cost = stage_costs[schedule.stages[v].model_stage]
-            done = t
-            for k, nbytes in enumerate(dp.buckets(cost.synced_bytes) if dp.degree > 1 else []):
-                start = max(done, link_free)
-                done = link_free = start + took.get((r, ALLREDUCE, v, k), dp.allreduce_time(nbytes))
-                rows.append((r, ALLREDUCE, op, k, v, start, done))
-            synced.append((done, v))
-        free = float(pipeline_end[r])
+    by_rank: dict[int, list[tuple]] = {r: [] for r in range(schedule.ranks) if np.isfinite(pipeline_end[r])}
+    synced_by_rank = {r: _allreduces(r, sorted(ready_by_rank.get(r, [])), schedule, stage_costs, dp, took, own)
+                      for r, own in by_rank.items()}
+    floor = pipeline_end.copy()  # per rank: its optimizer steps start after this
+    if sums is not None:
+        synced = np.array(pipeline_end if free is None else free, dtype=float)
+        for r, done in synced_by_rank.items():
+            synced[r] = max([synced[r]] + [t for t, _ in done])
+        floor = np.maximum(floor, sums.ends(synced))
+    for r, synced in synced_by_rank.items():
+        start_at = float(floor[r])
         for done, v in sorted(synced):
-            start = max(free, done)
-            free = start + took.get((r, COMPUTE, v, 0), stage_costs[schedule.stages[v].model_stage].optimizer_time)
-            rows.append((r, COMPUTE, SPAN_OPS.index(OPTIMIZER), 0, v, start, free))
-    out = _appended(trace, rows)
+            start = max(start_at, done)
+            start_at = start + took.get((r, COMPUTE, v, 0), stage_costs[schedule.stages[v].model_stage].optimizer_time)
+            by_rank[r].append((r, COMPUTE, SPAN_OPS.index(OPTIMIZER), 0, v, start, start_at))
+    out = _appended(trace, [row for own in by_rank.values() for row in own])
     out.meta["data_parallel"] = {
         "degree": dp.degree, "latency": dp.latency,
         "bandwidth": None if np.isinf(dp.bandwidth) else dp.bandwidth, "bucket_bytes": dp.bucket_bytes,
         "exposed_allreduce": exposed_allreduce(out)}
+    if sums is not None:
+        out.meta["shared_gradients"] = {"ends": floor.tolist()}
     return out
+
+
+def _allreduces(r: int, stages_ready: list[tuple[float, int, int]], schedule: Schedule,
+                stage_costs: Sequence[StageCost], dp: DataParallel, took: dict, rows: list[tuple]
+                ) -> list[tuple[float, int]]:
+    """Rank r's all-reduce spans appended to `rows` (rank, lane, op, mb, stage, start,
+    end): a stage's buckets once its gradients are ready, stages in the order
+    `stages_ready` (seconds, stage, op) lists them, one bucket at a time on the DP link;
+    returns (seconds its all-reduces finish, stage) per stage."""
+    link_free = -np.inf  # free from the start (times may be any: simulator.steps starts from -inf)
+    synced = []
+    for t, v, op in stages_ready:
+        cost = stage_costs[schedule.stages[v].model_stage]
+        done = t
+        for k, nbytes in enumerate(dp.buckets(cost.synced_bytes) if dp.degree > 1 else []):
+            start = max(done, link_free)
+            done = link_free = start + took.get((r, ALLREDUCE, v, k), dp.allreduce_time(nbytes))
+            rows.append((r, ALLREDUCE, op, k, v, start, done))
+        synced.append((done, v))
+    return synced
 
 
 def allreduce_after_ready(trace: Trace) -> list[tuple[int, int, int, float]]:

@@ -1,8 +1,10 @@
 """Steps back to back: K training steps in one Trace, and the steady-state period.
 
 Each rank runs its program, then its step's tail (the data-parallel all-reduces and the
-optimizer step, `simulator.data_parallel`, where the cost model has them), then the next
-step's program. Between steps:
+optimizer step, `simulator.data_parallel`, where the cost model has them; and where a
+model stage is held by several ranks, as DualPipe holds each on two, the sum of their
+gradients, `simulator.shared_grads`, which no member ends before the group's slowest
+member has ended its pipeline), then the next step's program. Between steps:
 
 - barrier "all" (what `pipesched run` does by default): every rank finishes step k
   before any starts step k+1, so every step is the first one shifted by the period,
@@ -17,14 +19,22 @@ step's program. Between steps:
 Without a barrier the steps form a max-plus linear system x(k+1) = A (x) x(k) over the
 ranks (and the links, when transfers contend for them; `simulator.period`): A[i, j] is
 the longest path within one step from resource j's start to resource i's end, computed
-by the exact engine in one walk with a column per resource. The period, seconds per
-step once the pattern repeats, is A's maximum cycle mean (Karp's algorithm). Where ranks
+by the exact engine in one walk with a column per resource, then the tail and the
+shared-gradient sums applied to each column (both are max-plus linear in the ranks'
+ends; the sums make a group's rows nearly one: its ranks start each step together).
+The period, seconds per step once the pattern repeats, is A's maximum cycle mean
+(Karp's algorithm). Where ranks
 share compute (`CostModel.host`) nothing is max-plus linear: the DES simulates the
 steps as one graph, every rank's programs one after another (so the next step's ops
 share the cores with the previous step's), and the period is the mean step over the
 second half of at least PERIOD_STEPS steps, the last left out (nothing slows it); that
 graph has no place for a step's tail, so shared compute without a barrier takes no
-optimizer step or data parallelism.
+optimizer step or data parallelism, and leaves the shared-gradient sums out (the
+replicas of a model stage are not held together there).
+
+The one-step Trace has no spans for the shared-gradient sums (a measured step has none
+either: its makespan is compared like for like); they are in the step's end: in when
+the next step may start, the barrier's period and meta["steps"]["ends"].
 
 In the Trace of K steps, step k's microbatches are numbered k*m .. k*m+m-1 (m per
 step), memory is summed over the steps (a rank's peak across the step boundary), and
@@ -51,6 +61,7 @@ from .data_parallel import add_step_tail, has_tail
 from .des import run_des
 from .exact import longest_path
 from .period import critical_nodes, max_cycle_mean
+from .shared_grads import SharedSums, shared_sums
 from .timing import Timing, resolve, to_trace
 from .trace import ALLREDUCE, COMPUTE, OPTIMIZER, SPAN_OPS, Trace
 
@@ -118,6 +129,7 @@ def step_matrix(graph: TaskGraph, timing: Timing, costs: CostModel) -> StepMatri
     links = len(timing.links) if timing.contention else 0
     n = p + links
     a = np.empty((n, n))
+    sums = step_sums(graph, timing, costs)
     tail = has_tail(timing.stage_costs, costs.data_parallel)
     col = graph.columns()
     k = len(col["op"])
@@ -141,16 +153,27 @@ def step_matrix(graph: TaskGraph, timing: Timing, costs: CostModel) -> StepMatri
                              col["mb"].astype(np.int32), col["stage"].astype(np.int32), timeline.task_start[:, c - lo],
                              timeline.task_end[:, c - lo], np.full(k, -1, dtype=np.int32), np.zeros(k, dtype=bool), [])
             a[:p, c] = np.maximum(a[:p, c], _tail_ends(add_step_tail(pipeline, sched, timing.stage_costs,
-                                                                     costs.data_parallel), p))
+                                                                     costs.data_parallel, sums=sums,
+                                                                     free=timeline.rank_free[:, c - lo]), p))
+        for c in range(lo, hi) if sums is not None and not tail else ():  # the sums couple their groups' rows
+            a[:p, c] = sums.ends(a[:p, c])
     names = [f"rank {r}" for r in range(p)] + [f"link {s}->{r}" for s, r in timing.links[:links]]
     return StepMatrix(a, names)
 
 
+def step_sums(graph: TaskGraph, timing: Timing, costs: CostModel) -> SharedSums | None:
+    """The sums of gradients shared between ranks that end each step (`simulator.shared_grads`;
+    None where every model stage is on one rank)."""
+    return shared_sums(graph.schedule, timing.stage_costs, costs.network, costs.host_overhead)
+
+
 def _tail_ends(trace: Trace, ranks: int) -> np.ndarray:
-    """Per rank, the end of its last all-reduce or optimizer step (-inf: none)."""
+    """Per rank, the end of its last all-reduce, optimizer step or shared-gradient sum (-inf: none)."""
     tail = (trace.lane == ALLREDUCE) | ((trace.lane == COMPUTE) & (trace.op == SPAN_OPS.index(OPTIMIZER)))
     out = np.full(ranks, -np.inf)
     np.maximum.at(out, trace.rank[tail], trace.end[tail])
+    if "shared_gradients" in trace.meta:
+        out = np.maximum(out, trace.meta["shared_gradients"]["ends"])
     return out
 
 
@@ -168,16 +191,20 @@ def one_step(graph: TaskGraph, timing: Timing, costs: CostModel, engine: str, me
              ready: np.ndarray | None = None, link_ready: np.ndarray | None = None
              ) -> tuple[Trace, np.ndarray, np.ndarray]:
     """One step from ranks free at `ready` and links at `link_ready` (default 0): its
-    Trace (tail included), and when each rank and link is free after it."""
+    Trace (tail included; the shared-gradient sums have no spans), and when each rank
+    (through its tail and sums) and link is free after it."""
     if engine == "exact":
         timeline = longest_path(graph, timing, ready, link_ready)
     else:
         timeline = run_des(graph, timing, costs.host, ready, link_ready)
     trace = to_trace(graph, timing, timeline, meta)
     done = np.asarray(timeline.rank_free, dtype=float).copy()
+    sums = step_sums(graph, timing, costs)
     if has_tail(timing.stage_costs, costs.data_parallel):
-        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel)
+        trace = add_step_tail(trace, graph.schedule, timing.stage_costs, costs.data_parallel, sums=sums, free=done)
         done = np.maximum(done, _tail_ends(trace, graph.schedule.ranks))
+    elif sums is not None:
+        done = sums.ends(done)
     return trace, done, np.asarray(timeline.link_free, dtype=float)
 
 
