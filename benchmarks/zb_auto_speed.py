@@ -7,13 +7,15 @@ cluster plan (`pipesched plan` over p in 4, 8, 16). With --against DIR (a checko
 this repository, e.g. `git worktree add /tmp/old HEAD~1`) each run is timed with that
 tree's package too, back to back, and the ratio printed with whether the answers are
 the same (every candidate's schedule, m, v and makespan; the cluster plan's best line).
-Times are wall-clock on a machine that may be shared: compare the ratios of one run.
-Usage: python benchmarks/zb_auto_speed.py [--against DIR] [--cluster] [--quick]
+Times are wall-clock and CPU (user + system of the process: steadier where the machine
+is shared, as other work slows the wall clock, not the CPU seconds); compare the ratios
+of one run. Usage: python benchmarks/zb_auto_speed.py [--against DIR] [--cluster] [--quick]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -51,28 +53,38 @@ def importable(tree: Path, into: Path) -> Path:
     return into
 
 
-def timed(args: list[str], path: Path | None) -> tuple[float, str]:
-    """Seconds `python args` takes (with `path` first on PYTHONPATH) and what it printed."""
+def _child_cpu() -> float:
+    """CPU seconds (user + system) of the finished child processes so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def timed(args: list[str], path: Path | None) -> tuple[float, float, str]:
+    """Wall-clock and CPU seconds `python args` takes (with `path` first on PYTHONPATH)
+    and what it printed."""
     env = dict(os.environ)
     if path is not None:
         env["PYTHONPATH"] = f"{path}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _child_cpu()
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=path or ROOT)
-    seconds = time.perf_counter() - t
+    seconds, cpu = time.perf_counter() - t, _child_cpu() - cpu
     if done.returncode:
         raise SystemExit(f"python {' '.join(args)} failed: {done.stderr.strip()[-2000:]}")
-    return seconds, done.stdout
+    return seconds, cpu, done.stdout
 
 
-def compare(label: str, args: list[str], answer, trees: list[Path | None], totals: list[float]) -> None:
-    """Time one run with each tree and print the times, the ratio and whether the answers agree."""
+def compare(label: str, args: list[str], answer, trees: list[Path | None], totals: list[list[float]]) -> None:
+    """Time one run with each tree and print the times (wall-clock, CPU), the ratios and
+    whether the answers agree."""
     runs = [timed(args, tree) for tree in trees]
-    for i, (seconds, _) in enumerate(runs):
-        totals[i] += seconds
-    line = f"{label}: {runs[0][0]:7.1f} s"
+    for i, (seconds, cpu, _) in enumerate(runs):
+        totals[i][0] += seconds
+        totals[i][1] += cpu
+    line = f"{label}: {runs[0][0]:7.1f} s (cpu {runs[0][1]:6.1f} s)"
     if len(runs) > 1:
-        same = answer(runs[0][1]) == answer(runs[1][1])
-        line += f", against {runs[1][0]:7.1f} s (x{runs[1][0] / runs[0][0]:.2f}), {'same' if same else 'DIFFERENT'} answer"
+        same = answer(runs[0][2]) == answer(runs[1][2])
+        line += (f", against {runs[1][0]:7.1f} s (cpu {runs[1][1]:6.1f} s), x{runs[1][0] / runs[0][0]:.2f} "
+                 f"(cpu x{runs[1][1] / runs[0][1]:.2f}), {'same' if same else 'DIFFERENT'} answer")
     print(line, flush=True)
 
 
@@ -90,7 +102,7 @@ def main() -> None:
         trees: list[Path | None] = [None]
         if args.against is not None:
             trees.append(importable(args.against.resolve(), Path(tmp)))
-        totals = [0.0] * len(trees)
+        totals = [[0.0, 0.0] for _ in trees]  # wall-clock, CPU seconds
         if args.cluster:
             for p in [4] if args.quick else [4, 8, 16]:
                 argv = ["-m", "pipesched", "plan", "-p", str(p), "-m", f"{p}..{8 * p}", *CLUSTER]
@@ -102,9 +114,11 @@ def main() -> None:
                 code = LIMIT_PLAN.format(counts=counts, gib=gib)
                 compare(f"plan at {gib} GiB", ["-c", code], lambda out: out, trees, totals)
             target = 30
-        line = f"all: {totals[0]:.1f} s (target under {target} s)"
+        (wall, cpu) = totals[0]
+        line = f"all: {wall:.1f} s, cpu {cpu:.1f} s (target under {target} s)"
         if len(trees) > 1:
-            line += f", against {totals[1]:.1f} s (x{totals[1] / totals[0]:.2f})"
+            (old_wall, old_cpu) = totals[1]
+            line += f", against {old_wall:.1f} s, cpu {old_cpu:.1f} s (x{old_wall / wall:.2f}, cpu x{old_cpu / cpu:.2f})"
         print(line)
 
 

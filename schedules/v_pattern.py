@@ -47,6 +47,7 @@ from typing import Callable, Iterator
 from .bounded import play_durations
 from .greedy import OpTime
 from .ir import B, F, W, Schedule, Task, uniform_paths, v_stages
+from .v_lockstep import LOCKSTEP_FROM, LOCKSTEP_OPS, Lockstep
 
 F0, F1, B1, B0, W1, W0 = range(6)
 OPS = (F, F, B, B, W, W)
@@ -667,31 +668,7 @@ def _search(ops: Ops, units: int, op_time: OpTime, keep: int) -> list[tuple[list
     ways = [(table, ready) for table in tables for ready in (False, True) if ready or steady_peak(table, m) <= units]
 
     def fastest(ops: Ops, ways: list, count: int) -> list[tuple[float, int, list, tuple]]:
-        best: list[tuple[float, int, list, tuple]] = []  # (makespan, order, programs, way), fastest first
-
-        def cutoff() -> float:
-            return best[-1][0] if len(best) >= count else math.inf
-
-        def add(makespan: float, n: int, programs: list) -> None:
-            best.append((makespan, n, programs, ways[n]))
-            best.sort(key=lambda x: (x[0], x[1]))
-            del best[count:]
-
-        # A play is dropped only when it must end after `cutoff()`, the count-th fastest so
-        # far, so it could not be among the count fastest of all (ties: the first in
-        # `ways`): the order the plays run in does not change what is kept.
-        # The ready plays first: they are the faster as a rule, and a low cutoff drops
-        # the strict plays early.
-        readies = [n for n, (_, ready) in enumerate(ways) if ready]
-        for members, programs, makespan in play_ready(ops, [ways[n][0] for n in readies], units, caps, cutoff):
-            for j in members:  # blocks that agree on every op: one play, a copy each
-                add(makespan, readies[j], [list(prog) for prog in programs])
-        for n, (table, ready) in enumerate(ways):
-            if not ready:
-                played = play(ops, table, units, False, None, cutoff())
-                if played is not None:
-                    add(played[1], n, played[0])
-        return best
+        return _fastest(ops, ways, count, units, caps)
 
     if m > SCREEN_BEYOND * p:
         ways = [way for *_, way in fastest(Ops(p, 3 * p, op_time), ways, SCREEN)]
@@ -701,3 +678,53 @@ def _search(ops: Ops, units: int, op_time: OpTime, keep: int) -> list[tuple[list
         filled.append((makespan, n, programs))
     filled.sort(key=lambda x: (x[0], x[1]))
     return [(programs, makespan) for makespan, _, programs in filled[:keep]]
+
+
+def _fastest(ops: Ops, ways: list, count: int, units: int, caps: list[int]) -> list[tuple[float, int, list, tuple]]:
+    """The `count` fastest of `ways` ((table, ready) pairs) on `ops`: (makespan in
+    seconds, index in `ways`, programs, way), fastest first (ties: the first in `ways`)."""
+    best: list[tuple[float, int, list, tuple]] = []  # (makespan, order, programs, way), fastest first
+
+    def cutoff() -> float:
+        return best[-1][0] if len(best) >= count else math.inf
+
+    def add(makespan: float, n: int, programs: list) -> None:
+        best.append((makespan, n, programs, ways[n]))
+        best.sort(key=lambda x: (x[0], x[1]))
+        del best[count:]
+
+    # A play is dropped only when it must end after `cutoff()`, the count-th fastest so
+    # far, so it could not be among the count fastest of all (ties: the first in
+    # `ways`): the order the plays run in does not change what is kept.
+    # The ready plays first: they are the faster as a rule, and a low cutoff drops
+    # the strict plays early.
+    readies = [n for n, (_, ready) in enumerate(ways) if ready]
+    for makespan, j, programs in _ready_plays(ops, [ways[n][0] for n in readies], units, caps, count, cutoff):
+        add(makespan, readies[j], programs)
+    for n, (table, ready) in enumerate(ways):
+        if not ready:
+            played = play(ops, table, units, False, None, cutoff())
+            if played is not None:
+                add(played[1], n, played[0])
+    return best
+
+
+def _ready_plays(ops: Ops, tables: list, units: int, caps: list[int], count: int,
+                 cutoff: Callable[[], float]) -> Iterator[tuple[float, int, list]]:
+    """(makespan in seconds, index into `tables`, programs) of the ready plays of
+    `tables`, at least the `count` fastest of them (ties: the first): from
+    LOCKSTEP_FROM tables on, all played side by side (`schedules.v_lockstep`), which
+    gives the same plays (every one to its end, LOCKSTEP_OPS ops of plays at a time;
+    only the `count` fastest are yielded), else `play_ready` (each play dropped once it cannot end by `cutoff()`)."""
+    if len(tables) >= LOCKSTEP_FROM:
+        best: list[tuple[float, int, list]] = []
+        group = max(1, LOCKSTEP_OPS // (6 * ops.p * ops.m))  # plays at once: their arrays hold this many ops
+        for lo in range(0, len(tables), group):
+            lock = Lockstep(ops, tables[lo:lo + group], units, caps)
+            ended = sorted((x, j) for j, x in enumerate(lock.makespans.tolist()) if x == x)[:count]
+            best = sorted(best + [(makespan, lo + j, lock.programs(j)) for makespan, j in ended])[:count]
+        yield from best
+        return
+    for members, programs, makespan in play_ready(ops, tables, units, caps, cutoff):
+        for j in members:  # blocks that agree on every op: one play, a copy each
+            yield makespan, j, [list(prog) for prog in programs]

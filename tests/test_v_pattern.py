@@ -194,3 +194,42 @@ def test_ready_plays_together_equal_each_play_alone(fbw):
             assert alone[j] == (programs, makespan)
             seen.add(j)
     assert seen == {j for j, got in enumerate(alone) if got is not None} and len(seen) > 3
+
+
+@pytest.mark.parametrize("fbw, p, m, units", [((1, 1, 1), 6, 18, 7), ((2, 3, 1), 4, 12, 5),
+                                             ((1.3, 2.7, 0.9), 5, 15, 9), ((0.012, 0.014, 0.01), 8, 24, 11)])
+def test_ready_plays_side_by_side_equal_each_play_alone(fbw, p, m, units):
+    # Lockstep advances every ready play at once with numpy: each play must end with the
+    # programs and makespan (the same floats) that `play` gives its block alone, and
+    # deadlock where `play` does
+    from pipesched.schedules.v_lockstep import Lockstep
+    ops = Ops(p, m, uniform(*fbw).op_time_for(p))
+    caps = [units - min(r + 1, units // 2) for r in range(p)]
+    tables = family(p, m, units + 4)
+    lock = Lockstep(ops, tables, units, caps)
+    ended = 0
+    for j, table in enumerate(tables):
+        alone = play(ops, table, units, True, caps)
+        if alone is None:
+            assert math.isnan(lock.makespans[j])
+        else:
+            assert (lock.programs(j), float(lock.makespans[j])) == alone
+            ended += 1
+    assert ended > 3
+
+
+def test_a_search_finds_the_same_orders_side_by_side_as_one_by_one(monkeypatch):
+    # v_pattern_plays keeps the fastest ready plays: run side by side (all at once, or a
+    # few at a time) or one by one, the same orders and makespans
+    from pipesched.schedules import v_lockstep
+    op_time = uniform(0.012, 0.014, 0.010).op_time_for(8)
+    found, runs = [], []
+    monkeypatch.setattr(v_pattern, "Lockstep", lambda *args: runs.append(len(args[1])) or v_lockstep.Lockstep(*args))
+    for start, at_once in ((v_lockstep.LOCKSTEP_FROM, v_lockstep.LOCKSTEP_OPS), (v_lockstep.LOCKSTEP_FROM, 6000),
+                           (10 ** 9, 0)):
+        monkeypatch.setattr(v_pattern, "LOCKSTEP_FROM", start)
+        monkeypatch.setattr(v_pattern, "LOCKSTEP_OPS", at_once)
+        v_pattern._REMEMBERED.clear()
+        found.append([(s.programs, t) for s, t in v_pattern_plays(8, 40, op_time, 6.5)])
+    assert max(runs) > 12 and min(runs) <= 6000 // (6 * 8 * 24)  # all at once, and a few at a time
+    assert found[0] == found[1] == found[2] and found[0]
