@@ -27,9 +27,11 @@ from .costs import CostModel
 from .steps import check_step_costs, check_steps
 from .stochastic import makespan_stats
 from .units import fmt_bytes
+from .workers import cores, run_in_order
 
 JITTER_RUNS, JITTER_CV, JITTER_TOP = 20, 0.1, 3  # p95 of the makespan for the best few
 RECOMPUTE_MODES = {"off": (False,), "on": (True,), "both": (False, True)}
+PARALLEL_FROM_OPS = 50_000  # a smaller search runs in this process: forking would cost more than it saves
 
 Progress = Callable[[int, str], None]
 """progress(done, what): `done` of the candidates are built, `what` is the next."""
@@ -320,7 +322,8 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *,
          chunks: int | Iterable[int] = (1, 2), schedules: Iterable[str] | None = None,
          max_activations: float | None = None, memory_limit: float | None = None,
          recompute: bool | str = "auto", microbatch_size: int | None = None,
-         progress: Progress | None = None, step_barrier: str = "all", global_batch: int | None = None) -> Plan:
+         progress: Progress | None = None, step_barrier: str = "all", global_batch: int | None = None,
+         processes: int | None = None) -> Plan:
     """The fastest schedule for `ranks` ranks that fits a memory budget per rank.
 
     Builds every built-in in `schedules` (default: all, zb-auto last, searched under the
@@ -347,7 +350,11 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *,
     microbatch_size an integer >= 1. `step_barrier` "none" ranks by the throughput of
     steps back to back without a barrier: microbatches per period (`simulator.steps`;
     default "all": per makespan). `progress(done, what)` is called before each
-    candidate is built. Returns a `Plan`: makespans and p95 in seconds, peak memory in
+    candidate is built (with several processes: as each microbatch count's candidates
+    are done). `processes`: how many processes search at once (default: one per core
+    the process may use, one for a search under PARALLEL_FROM_OPS ops); each takes one
+    microbatch count and recompute setting at a time, and the plan is the same whatever
+    their number. Returns a `Plan`: makespans and p95 in seconds, peak memory in
     bytes and in microbatches of activations, throughput per second. Raises ValueError
     on bad arguments (ScheduleError for an unknown schedule name, when no candidate can
     be built, naming why, and when the search would build and simulate more than
@@ -378,6 +385,8 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *,
     budget = Budget(max_activations, memory_limit).check()
     modes = recompute_modes(recompute, budget)
     modes_of = [modes if v.recompute is None else v.recompute for v in variants]
+    if processes is not None and (not is_int(processes) or processes < 1):
+        raise ValueError(f"processes must be an integer >= 1, got {processes!r}")
     check_steps(1, step_barrier)
     for v in variants:
         check_step_costs(v.costs, step_barrier)
@@ -388,19 +397,9 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *,
         raise ScheduleError(f"the search would build and simulate about {total:,} ops "
                             f"({size} candidates, m up to {most:,}), more "
                             f"than the {MAX_OPS:,} a plan takes; ask for fewer microbatch counts, chunks or schedules")
-    found: list[Candidate] = []
-    shared: dict = {}  # the built-ins that do not adapt to op times, built once for every variant
-    offset = 0
-    for variant, counts, rc in zip(variants, counts_of, modes_of):
-        step = _progress_in(progress, offset, variant.label if several else "",
-                            last=variant is variants[-1])
-        rows = search(names, ranks, counts, vs, variant.costs, budget, step, recompute=rc,
-                      step_barrier=step_barrier, shared=shared if several else None)
-        for c in rows:
-            c.microbatch_size, c.costs = variant.microbatch_size, variant.costs
-            c.variant = variant.label if several else ""
-        found += rows
-        offset += search_size(names, counts, vs, rc)
+    if processes is None:
+        processes = cores() if total >= PARALLEL_FROM_OPS else 1
+    found = _search_all(names, ranks, vs, budget, variants, counts_of, modes_of, step_barrier, processes, progress)
     built = [c for c in found if c.result]
     fitting = sorted((c for c in built if c.result.fits), key=lambda c: -c.throughput(samples))
     if not found:
@@ -424,6 +423,57 @@ def plan(ranks: int, microbatches: int | Iterable[int] | None = None, *,
     rescued = sorted(recompute_rescues(found), key=lambda pair: -pair[0].throughput(samples))
     return Plan(ranks, budget, found, fitting, pareto(fitting, samples), rescued,
                 any(c.result.peak_bytes > 0 for c in built), samples)
+
+
+def _search_all(names: list[str], ranks: int, vs: list[int], budget: Budget, variants: list[CostVariant],
+                counts_of: list[list[int]], modes_of: list[tuple[bool, ...]], step_barrier: str, processes: int,
+                progress: Progress | None) -> list[Candidate]:
+    """`search` of every variant at each of its microbatch counts and recompute settings,
+    in that order (variant, m, recompute, schedule, v). One job per (m, recompute): every
+    variant that asks for it, sharing the built-ins that do not adapt to costs; the jobs
+    run on `processes` processes, the biggest first."""
+    several = len(variants) > 1
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for i, (counts, modes) in enumerate(zip(counts_of, modes_of)):
+        for m in counts:
+            for rc in modes:
+                groups.setdefault((m, rc), []).append(i)
+    jobs = list(groups.items())
+    sizes = [search_size(names, [m], vs, (rc,)) * len(which) for (m, rc), which in jobs]
+    here = processes <= 1
+    done = 0
+
+    def job(item: tuple[tuple[int, bool], list[int]]) -> list[list[Candidate]]:
+        (m, rc), which = item
+        shared: dict = {}  # the built-ins that do not adapt to op times, built once for every variant
+        rows = []
+        for i in which:
+            step = _progress_in(progress, done + len(rows) * search_size(names, [m], vs, (rc,)),
+                                variants[i].label if several else "", last=False) if here else None
+            rows.append(search(names, ranks, [m], vs, variants[i].costs, budget, step, recompute=(rc,),
+                               step_barrier=step_barrier, shared=shared if several else None))
+        return rows
+
+    def finished(k: int, rows: list[list[Candidate]]) -> None:
+        nonlocal done
+        done += sizes[k]
+        if progress:
+            (m, rc), _ = jobs[k]
+            progress(done, "done" if done == sum(sizes) else f"m={m}" + (" recompute" if rc else "") + " done")
+
+    results = run_in_order(job, jobs, processes,
+                           weights=[search_ops(names, ranks, [m], vs, (rc,)) * len(w) for (m, rc), w in jobs],
+                           finished=finished)
+    by_key = {(i, m, rc): rows for ((m, rc), which), per in zip(jobs, results) for i, rows in zip(which, per)}
+    found: list[Candidate] = []
+    for i, (variant, counts, modes) in enumerate(zip(variants, counts_of, modes_of)):
+        for m in counts:
+            for rc in modes:
+                for c in by_key[i, m, rc]:
+                    c.microbatch_size, c.costs = variant.microbatch_size, variant.costs
+                    c.variant = variant.label if several else ""
+                    found.append(c)
+    return found
 
 
 def cost_variants(costs: CostModel | Sequence[CostVariant] | None,

@@ -77,6 +77,7 @@ def test_plan_says_when_nothing_fits(capsys):
     (["--global-batch", "10", "--microbatch-size", "4"], "not a positive multiple"),
     (["--global-batch", "16"], "--global-batch needs --microbatch-size"),
     (["--schedules", "nope"], "unknown schedule 'nope'"),
+    (["--processes", "0"], "--processes must be an integer >= 1"),
 ])
 def test_plan_bad_input_is_one_line(capsys, args, message):
     code, _, err = cli(capsys, "plan", "-p", 4, *args)
@@ -185,6 +186,7 @@ def test_plan_from_the_library_ranks_what_fits():
     ({"recompute": "sometimes"}, "recompute must be"),
     ({"schedules": ["nope"]}, "unknown schedule 'nope'"),
     ({"microbatch_size": 0}, "microbatch_size must be"),
+    ({"processes": 0}, "processes must be"),
 ])
 def test_plan_from_the_library_checks_its_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):

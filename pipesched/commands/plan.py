@@ -52,6 +52,8 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="OUT.png|svg", help="draw the winner's predicted timeline")
     p.add_argument("--top", type=int, default=15, metavar="N", help="rows of the ranked table (default 15)")
     p.add_argument("--json", action="store_true", help="print best, candidates and Pareto front as JSON")
+    p.add_argument("--processes", type=int, metavar="N",
+                   help="processes searching at once (default: one per core; the plan is the same)")
     p.set_defaults(handler=run)
 
 
@@ -148,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
                          f"{MAX_OPS:,} op limit can have")
     if args.top < 1:
         raise UsageError(f"--top must be >= 1, got {args.top}")
+    if args.processes is not None and args.processes < 1:
+        raise UsageError(f"--processes must be an integer >= 1, got {args.processes}")
     sizes = parse_sizes(args.microbatch_size)
     check_model_args(args)
     model = model_given(args)
@@ -195,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
                       max_activations=budget.max_activations, memory_limit=budget.memory_limit,
                       recompute=recompute, microbatch_size=None if several else variants[0].microbatch_size,
                       progress=bar, step_barrier=args.step_barrier,
-                      global_batch=args.global_batch if several else None)
+                      global_batch=args.global_batch if several else None, processes=args.processes)
     finally:
         bar.close()
     winner = result.best
