@@ -17,12 +17,9 @@ Units: as `schedules.v_pattern`: durations in seconds, memory in chunk activatio
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .v_pattern import Ops
 
 F0, F1, B1, B0, W1, W0 = range(6)
 LOCKSTEP_FROM = 12  # ready plays from which a search runs them side by side (fewer: one by one)
@@ -47,9 +44,11 @@ def _consumers(p: int) -> np.ndarray:
 class Lockstep:
     """The ready plays of `tables` (slot tables, p x 6) on `ops` under `limit_units` and
     `caps` (see `v_pattern.play`), all run to their end: `makespans[j]` (seconds) or
-    NaN where play j deadlocks; `programs(j)` its per-rank [(kind, microbatch)]."""
+    NaN where play j deadlocks; `programs(j)` its per-rank [(kind, microbatch)]. `ops`
+    is a `v_pattern.Ops` (its p, m, dur and inputs(); not imported: v_pattern imports
+    this module)."""
 
-    def __init__(self, ops: "Ops", tables: list[list[list[int]]], limit_units: int, caps: list[int]):
+    def __init__(self, ops: Any, tables: list[list[list[int]]], limit_units: int, caps: list[int]):
         p, m, n = ops.p, ops.m, len(tables)
         self.p, self.m, self.n = p, m, n
         self.size = 6 * p * m + 2  # one play's ops as in `timing`, then 0.0 (no input) and a slot for no op
