@@ -223,9 +223,13 @@ class _PathWalk:
             raise ValueError(f"trace has no span for {missing}; it does not match the schedule")
         sends = np.flatnonzero(trace.lane == SEND)
         send_key = keys(trace.op[sends], trace.mb[sends], trace.stage[sends])
-        self.send_of = self._lookup(send_key, sends, task_key).tolist()  # per task: the transfer of its output
         by_key = np.argsort(task_key, kind="stable")
-        self.task_of_send = dict(zip(sends.tolist(), by_key[np.searchsorted(task_key[by_key], send_key)].tolist()))
+        at = np.minimum(np.searchsorted(task_key[by_key], send_key), max(len(by_key) - 1, 0))
+        # only the transfers of the graph's own tasks: a trace of several steps has the later steps' too
+        own = (task_key[by_key][at] == send_key) if len(by_key) else np.zeros(len(sends), dtype=bool)
+        sends, send_key, at = sends[own], send_key[own], at[own]
+        self.send_of = self._lookup(send_key, sends, task_key).tolist()  # per task: the transfer of its output
+        self.task_of_send = dict(zip(sends.tolist(), by_key[at].tolist()))
         # send span -> the one before it on its link, in start order
         by_start = sends[np.argsort(trace.start[sends], kind="stable")]
         link = trace.rank[by_start].astype(np.int64) * trace.ranks + trace.peer[by_start]

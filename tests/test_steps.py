@@ -269,6 +269,18 @@ def test_simulate_prints_period_and_throughput(capsys, tmp_path):
     assert json.loads(out)["period"] is None
 
 
+@pytest.mark.parametrize("name", ["1f1b", "zb-v", "dualpipe"])
+@pytest.mark.parametrize("barrier", ["all", "none"])
+def test_the_critical_path_of_many_steps_is_the_first_steps(capsys, name, barrier):
+    """Eight steps with transfers: the later steps' sends are not taken for the first step's."""
+    common = [name, "-p", 4, "-m", 8, "--f", "1ms", "--b", "1ms", "--w", "1ms", "--latency", "1ms", "--json"]
+    code, out, err = cli(capsys, "simulate", *common, "--steps", 8, "--step-barrier", barrier)
+    assert code == 0, err
+    code, one, err = cli(capsys, "simulate", *common)
+    assert code == 0, err
+    assert json.loads(out)["critical_path"] == json.loads(one)["critical_path"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--steps", "0"], "--steps must be between 1 and 1000"),
     (["--steps", "100000"], "--steps must be between 1 and 1000"),
