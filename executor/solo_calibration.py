@@ -19,10 +19,15 @@ settings a run gets):
    again with the other cores busy (`interference`);
 3. every pair of ranks the schedule sends between plays ping-pong at several sizes
    (latency and bandwidth), and measures what posting a send and a receive costs right
-   after an op (`executor.links`).
+   after an op (`executor.links`);
+4. with two ranks or more, ranks 0 and 1 run the runtime's sum of shared gradients on
+   a small tensor and on once and twice the largest model stage's parameters, whatever
+   the schedule (one calibration also predicts DualPipe): `gradient_sum`
+   (`executor.sum_timing`).
 
 Rank 0 assembles a `simulator.costs.CostModel`: `model_stages` from the profiles, the
-network, `host_overhead` and, on one host, `host` (sharing and interference).
+network, `host_overhead`, `gradient_sum` and, on one host, `host` (sharing and
+interference).
 Units: seconds and bytes.
 """
 from __future__ import annotations
@@ -36,7 +41,8 @@ import torch.distributed as dist
 
 from pipesched.schedules.ir import Schedule
 from pipesched.schedules.validate import validate
-from pipesched.simulator.costs import CostModel, HostOverhead, HostSharing, Link, Network, StageCost, StageSwitch
+from pipesched.simulator.costs import (CostModel, GradientSum, HostOverhead, HostSharing, Link, Network, StageCost,
+                                      StageSwitch)
 
 from . import progress
 from .comm import link_groups
@@ -44,6 +50,7 @@ from .launch import RankContext, deadline
 from .placement import host_cores
 from .links import PostingCosts, fit_link, pingpong, posting_costs
 from .models import ExampleModel, PipelineModel, TensorSpec, check_model
+from .sum_timing import fit_gradient_sum, pair_medians, stage_shapes, time_gradient_sum
 from .profile import (OPS_PER_REPETITION, StageProfile, iteration_ends, profile_stage, seconds_per_iteration,
                       slowdown, stage_for_profiling, switch_slowdown)
 
@@ -89,6 +96,7 @@ class _RankReport:
     isend_posting: dict[tuple[int, int], float]     # pair -> seconds of the ping-pong's isend call
     posting: dict[tuple[int, int], PostingCosts]    # pair -> this rank's side of handling its transfers
     switches: list[tuple[float, ...]] = field(default_factory=list)  # per own stage (switch_slowdown)
+    grad_sum: dict[int, list[float]] = field(default_factory=dict)  # bytes -> seconds per repeat (sum_timing)
 
 
 def directed_links(schedule: Schedule) -> list[tuple[int, int]]:
@@ -191,9 +199,9 @@ def calibrate_here(ctx: RankContext, schedule: Schedule, model: PipelineModel | 
             posting[pair] = costs
     for p in sm.params:
         p.grad = None
-    dist.barrier()
+    grad_sum = time_gradient_sum(ctx.rank, ctx.world, stage_shapes(built.stages), ctx.device, ctx.timeout)
     mine = _RankReport(hosts[ctx.rank], cores, threads, alone, slowdowns, loops, links, isend_posting, posting,
-                       switches)
+                       switches, grad_sum)
     gathered: list | None = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if ctx.rank != 0:
@@ -274,8 +282,22 @@ def assemble(schedule: Schedule, specs: list[TensorSpec], reports: list[_RankRep
     switches = [f for r in reports for f in r.switches]
     switch = StageSwitch(*(median(s[i] for s in switches) for i in range(4)))
     meta["calibrated"]["switch_samples"] = switches
+    gradient_sum = _gradient_sum(reports, meta["calibrated"])
     return CostModel(stages=(stages[0],), model_stages=tuple(stages), network=_network(link_rows, hosts),
-                     host=host, host_overhead=overhead, stage_switch=switch, meta=meta).check()
+                     host=host, host_overhead=overhead, stage_switch=switch, gradient_sum=gradient_sum,
+                     meta=meta).check()
+
+
+def _gradient_sum(reports: list[_RankReport], meta: dict) -> GradientSum | None:
+    """The fitted sum of shared gradients (`executor.sum_timing`), its points added to
+    `meta` (bytes, median seconds); None where it was not timed (one rank)."""
+    timed = [r.grad_sum for r in reports if r.grad_sum]
+    medians = pair_medians(timed) if len(timed) == 2 else {}
+    fit = fit_gradient_sum(medians)
+    if fit is None:
+        return None
+    meta["gradient_sum"] = {"sizes": list(medians), "seconds": list(medians.values())}
+    return GradientSum(*fit)
 
 
 def _network(rows: list[dict], hosts: list[str]) -> Network:

@@ -46,6 +46,10 @@ def print_costs(costs: CostModel) -> None:
         if link is not None:
             bw = "unlimited" if math.isinf(link.bandwidth) else f"{link.bandwidth / 1e9:.3g} GB/s"
             print(f"{name}: latency {fmt_seconds(link.latency)}, bandwidth {bw}")
+    if costs.gradient_sum is not None:  # DualPipe's replicas sum their gradients at each step's end
+        g = costs.gradient_sum
+        print(f"shared-gradient sum (ranks holding the same stage): {fmt_seconds(g.fixed)} + "
+              f"{fmt_seconds(g.per_byte * 2**20)} per MiB, timed end to end")
     dp = costs.data_parallel
     if dp.degree > 1:
         bw = "unlimited" if math.isinf(dp.bandwidth) else f"{dp.bandwidth / 1e9:.3g} GB/s"

@@ -18,8 +18,8 @@ from pipesched.schedules.documents import read_document
 from pipesched.schedules.numbers import is_int
 from pipesched.schedules.outputs import write_text
 
-from .cost_model import (CostError, CostModel, DataParallel, FixedOpTimes, HostOverhead, HostSharing, Link,
-                         Network, StageCost, StageSwitch)
+from .cost_model import (CostError, CostModel, DataParallel, FixedOpTimes, GradientSum, HostOverhead, HostSharing,
+                         Link, Network, StageCost, StageSwitch)
 from .layers import LayerCosts
 from .partition import MAX_LAYERS
 from .units import UnitError, parse_bandwidth, parse_bytes, parse_seconds
@@ -30,7 +30,7 @@ FORMAT = "pipesched.costs/1"
 _OVERLAP_WORDS = {"serial": 0.0, "perfect": 1.0}
 # fields a hand-written file may give with a unit ("12ms", "128MiB", "50GB/s")
 _SECONDS = {"forward", "backward_input", "backward_weight", "backward_full", "grad_accumulate", "latency",
-            "optimizer_time", "op_overhead", "per_op", "per_send", "per_recv", "send_start", "per_take"}
+            "optimizer_time", "op_overhead", "per_op", "per_send", "per_recv", "send_start", "per_take", "fixed"}
 _BYTES = {"activation_bytes", "gradient_bytes", "activation_memory", "weight_memory", "param_bytes",
           "weight_grad_bytes", "bucket_bytes", "recompute_memory"}
 
@@ -87,7 +87,7 @@ def from_dict(data: Any) -> CostModel:
         raise CostError(f"cost file format is {fmt!r}, expected {FORMAT!r}")
     allowed = {"format", "stage", "stages", "model_stages", "overlap", "network", "contention",
                "blocking_sends", "op_overhead", "host", "host_overhead", "comm_buffers", "recv_lookahead",
-               "data_parallel", "layers", "fixed_op_times", "stage_switch", "meta"}
+               "data_parallel", "layers", "fixed_op_times", "stage_switch", "gradient_sum", "meta"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise CostError(f"cost file has unknown field {unknown[0]!r}; fields are {', '.join(sorted(allowed))}")
@@ -154,6 +154,10 @@ def from_dict(data: Any) -> CostModel:
     fixed_op_times = FixedOpTimes(**_units(_fields_of(data, "fixed_op_times", FixedOpTimes, "seconds"),
                                            "fixed_op_times"))
     stage_switch = StageSwitch(**_fields_of(data, "stage_switch", StageSwitch, "fractions"))
+    gradient_sum = None
+    if "gradient_sum" in data:  # absent in older files: the sum is priced by the links
+        gradient_sum = GradientSum(**_units(_fields_of(data, "gradient_sum", GradientSum,
+                                                       "seconds, seconds per byte"), "gradient_sum"))
     layers = None
     if "layers" in data:
         both = next((k for k in ("stage", "stages", "model_stages") if k in data), None)
@@ -165,7 +169,7 @@ def from_dict(data: Any) -> CostModel:
                      op_overhead=_units(data, "cost file").get("op_overhead", 0.0), host=host, host_overhead=host_overhead,
                      comm_buffers=data.get("comm_buffers", True), recv_lookahead=data.get("recv_lookahead", 2),
                      data_parallel=data_parallel, layers=layers, fixed_op_times=fixed_op_times,
-                     stage_switch=stage_switch, meta=meta).check()
+                     stage_switch=stage_switch, gradient_sum=gradient_sum, meta=meta).check()
 
 
 def _fields_of(data: dict, name: str, cls, unit: str) -> dict:
@@ -217,6 +221,8 @@ def to_dict(model: CostModel) -> dict:
     if model.stage_switch.any:  # the second op's fractions only where set, so older files stay as they were
         doc["stage_switch"] = {k: v for k, v in asdict(model.stage_switch).items()
                                if v or k in ("forward", "backward")}
+    if model.gradient_sum is not None:
+        doc["gradient_sum"] = asdict(model.gradient_sum)
     if model.host_overhead.any:
         o = model.host_overhead
         doc["host_overhead"] = {"per_op": o.per_op, "per_send": o.per_send, "per_recv": o.per_recv,

@@ -229,6 +229,26 @@ class HostOverhead:
 
 
 @dataclass(frozen=True)
+class GradientSum:
+    """The sum of shared gradients between two ranks holding the same model stages
+    (`simulator.shared_grads`), end to end: flattening the gradients, the message each
+    way, adding and copying the sum back, from when both ranks start it until the later
+    is through: `fixed` seconds + bytes * `per_byte` seconds, for the bytes one rank's
+    gradients hold. Timed by calibration (`executor.sum_timing`); absent, the sum is
+    priced by the pipeline's links and host times."""
+
+    fixed: float = 0.0
+    per_byte: float = 0.0
+
+    def check(self) -> "GradientSum":
+        return _checked_nonnegative(self, "gradient_sum", "number (seconds, seconds per byte)")
+
+    def time(self, nbytes: float) -> float:
+        """Seconds to sum `nbytes` bytes of gradients."""
+        return self.fixed + nbytes * self.per_byte
+
+
+@dataclass(frozen=True)
 class HostSharing:
     """Ranks sharing compute (see simulator.sharing): `capacity` cores, or 1 for one GPU
     shared by time slicing; a computing rank asks for `compute_demand` cores, a rank
@@ -302,6 +322,8 @@ class CostModel:
         when they are cut or merged for another split (`FixedOpTimes`).
     stage_switch: how much longer an op runs right after another stage's op on its rank
         (`StageSwitch`; 0 by default).
+    gradient_sum: the calibrated time of summing gradients shared between ranks
+        (`GradientSum`; None: priced by `network` and `host_overhead`).
     """
 
     stages: tuple[StageCost, ...] = (StageCost(),)
@@ -319,6 +341,7 @@ class CostModel:
     layers: LayerCosts | None = None
     fixed_op_times: FixedOpTimes = FixedOpTimes()
     stage_switch: StageSwitch = StageSwitch()
+    gradient_sum: GradientSum | None = None
     meta: dict = field(default_factory=dict, compare=False)
 
     def slower(self, k: float) -> "CostModel":
@@ -369,6 +392,10 @@ class CostModel:
         if not isinstance(self.stage_switch, StageSwitch):
             raise CostError("stage_switch must be an object with forward and backward (fractions)")
         self.stage_switch.check()
+        if self.gradient_sum is not None:
+            if not isinstance(self.gradient_sum, GradientSum):
+                raise CostError("gradient_sum must be an object with fixed (seconds) and per_byte (seconds per byte)")
+            self.gradient_sum.check()
         if self.layers is not None:
             if self.model_stages is not None:
                 raise CostError("give the model either as layers or as model_stages, not both")

@@ -6,6 +6,7 @@ bytes per second), in three parts:
     and how stages merge and cut);
   - `simulator.cost_model`: the whole model (`CostModel`, `Link`, `Network`,
     `DataParallel`, `HostSharing`, `HostOverhead`, `FixedOpTimes`, `StageSwitch`,
+    `GradientSum`,
     `uniform`); a model may be given layer by layer (`simulator.layers`);
   - `simulator.cost_file`: the `pipesched.costs/1` file format (`from_dict`, `to_dict`,
     `load`, `save`), JSON or TOML.
@@ -14,10 +15,10 @@ This module only re-exports them: `from pipesched.simulator.costs import CostMod
 from __future__ import annotations
 
 from .cost_file import FORMAT, from_dict, load, save, to_dict
-from .cost_model import (MAX_BUCKETS, MAX_DP_DEGREE, MIN_SHARE, CostModel, DataParallel, FixedOpTimes, HostOverhead,
-                         HostSharing, Link, Network, StageSwitch, uniform)
+from .cost_model import (MAX_BUCKETS, MAX_DP_DEGREE, MIN_SHARE, CostModel, DataParallel, FixedOpTimes, GradientSum,
+                         HostOverhead, HostSharing, Link, Network, StageSwitch, uniform)
 from .stage_costs import CostError, StageCost, cut, merged
 
 __all__ = ["CostError", "StageCost", "merged", "cut", "FixedOpTimes", "StageSwitch", "Link", "Network",
-           "DataParallel", "HostOverhead", "HostSharing", "CostModel", "uniform", "MIN_SHARE", "MAX_DP_DEGREE",
-           "MAX_BUCKETS", "FORMAT", "from_dict", "to_dict", "load", "save"]
+           "DataParallel", "GradientSum", "HostOverhead", "HostSharing", "CostModel", "uniform", "MIN_SHARE",
+           "MAX_DP_DEGREE", "MAX_BUCKETS", "FORMAT", "from_dict", "to_dict", "load", "save"]

@@ -23,12 +23,23 @@ pipeline transfer costs, of the one cost model for every rank):
    it once it has arrived (per_take);
 4. r is done when every one of its sends has arrived.
 
-Adding the gradients and copying them in and out of one flat buffer is not timed
-(memory-bound work on bytes that also cross a link twice). Bytes per group: the
+Adding the gradients and copying them in and out of one flat buffer is not timed here
+(memory-bound work on bytes that also cross a link twice), nor does the default process
+group the sum uses necessarily move bytes as fast as the pipeline's links: at tens of
+MB on a CPU host both made the sum several times slower than these steps price it
+(docs/accuracy.md), which the calibrated sum below holds. Bytes per group: the
 weight-gradient bytes (`StageCost.synced_bytes`) of its model stages, per model stage;
 a cost model without parameter bytes sends empty messages (latency only). Parameters
 tied across model stages (one embedding on the first and last stage) are summed by the
 executor too but are not in a schedule or a cost model, so not here.
+
+With a calibrated sum (`CostModel.gradient_sum`, a `GradientSum`: the executor's own
+routine timed end to end between two ranks starting together, copies included) the
+steps above give way to it: each group in turn, in rank order, starts once its last
+member is done (a rank in several groups once it is through the ones before) and every
+member ends `gradient_sum.time(nbytes)` later. A group of g > 2 ranks takes the per-byte
+part g - 1 times (its leader takes and returns each member's message in turn); that
+is extrapolated from pairs, the only groups calibration times and DualPipe has.
 
 Every step is max/plus of `done` and constants, so the sum is max-plus linear:
 `simulator.steps` applies it to each column of the step matrix.
@@ -42,7 +53,7 @@ import numpy as np
 
 from pipesched.schedules.ir import Schedule
 
-from .cost_model import HostOverhead, Network
+from .cost_model import GradientSum, HostOverhead, Network
 from .stage_costs import StageCost
 
 
@@ -77,12 +88,15 @@ class SharedSums:
     groups: tuple[SumGroup, ...]
     network: Network
     host: HostOverhead
+    calibrated: GradientSum | None = None  # the sum timed end to end (module doc)
 
     def ends(self, done: np.ndarray) -> np.ndarray:
         """Seconds when each rank's step ends, the sums included, from `done` (seconds
         per rank when its step would end without them; -inf: not reached, as in a column
         of `simulator.steps.step_matrix`). Ranks in no group keep their time."""
         done = np.asarray(done, dtype=float)
+        if self.calibrated is not None:
+            return self._calibrated_ends(done)
         h = self.host
         clock = done.copy()      # each rank's host, through steps 1-3
         last_arrival = np.full(len(done), -np.inf)  # step 4: its sends' arrivals
@@ -109,14 +123,30 @@ class SharedSums:
                 clock[q] = max(clock[q] + h.per_recv, to_member[g, q]) + h.per_take
         return np.maximum(clock, last_arrival)
 
+    def _calibrated_ends(self, done: np.ndarray) -> np.ndarray:
+        """`ends` with the calibrated sum: each group in turn from its last member's
+        time, every member through it `calibrated` seconds for its bytes later."""
+        clock = done.copy()
+        for group in self.groups:
+            members = list(group.ranks)
+            clock[members] = clock[members].max() + self._calibrated_seconds(group)
+        return clock
+
+    def _calibrated_seconds(self, group: SumGroup) -> float:
+        """Seconds the calibrated sum of `group` takes: the per-byte part once per
+        member besides the leader."""
+        c = self.calibrated
+        return c.fixed + (len(group.ranks) - 1) * group.nbytes * c.per_byte
+
     def _link(self, src: int, dst: int, group: SumGroup) -> float:
         """Seconds one message of the group's bytes takes from `src` to `dst`."""
         return self.network.link(src, dst).time(group.nbytes)
 
 
 def shared_sums(schedule: Schedule, stage_costs: Sequence[StageCost], network: Network,
-                host: HostOverhead) -> SharedSums | None:
+                host: HostOverhead, calibrated: GradientSum | None = None) -> SharedSums | None:
     """The shared-gradient sums of `schedule` (None where every model stage is on one
-    rank). `stage_costs`: per model stage."""
+    rank). `stage_costs`: per model stage; `calibrated`: the sum timed end to end (the
+    cost model's `gradient_sum`), None to price it by `network` and `host`."""
     groups = sum_groups(schedule, stage_costs)
-    return SharedSums(tuple(groups), network, host) if groups else None
+    return SharedSums(tuple(groups), network, host, calibrated) if groups else None

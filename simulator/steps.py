@@ -164,7 +164,7 @@ def step_matrix(graph: TaskGraph, timing: Timing, costs: CostModel) -> StepMatri
 def step_sums(graph: TaskGraph, timing: Timing, costs: CostModel) -> SharedSums | None:
     """The sums of gradients shared between ranks that end each step (`simulator.shared_grads`;
     None where every model stage is on one rank)."""
-    return shared_sums(graph.schedule, timing.stage_costs, costs.network, costs.host_overhead)
+    return shared_sums(graph.schedule, timing.stage_costs, costs.network, costs.host_overhead, costs.gradient_sum)
 
 
 def _tail_ends(trace: Trace, ranks: int) -> np.ndarray:

@@ -105,3 +105,31 @@ def test_the_stage_switch_measurement_leaves_the_stage_as_it_found_it(k):
     assert len(fractions) == 4 and all(math.isfinite(f) and f >= 0 for f in fractions)
     assert all(p.grad is None for p in sm.params)
     assert sm.ledger.current == 0  # every F it ran was taken back by its backward
+
+
+def test_the_gradient_sum_fit_is_least_squares_with_no_term_below_zero():
+    from pipesched.executor.sum_timing import fit_gradient_sum, pair_medians
+    # exact points on 2 ms + 3 ns/byte
+    fixed, per_byte = fit_gradient_sum({4096: 2e-3 + 4096 * 3e-9, 10**7: 2e-3 + 3e-2, 2 * 10**7: 2e-3 + 6e-2})
+    assert fixed == pytest.approx(2e-3, rel=1e-9) and per_byte == pytest.approx(3e-9, rel=1e-9)
+    # points growing faster than a line: the free line crosses 0 s above 0 bytes, so the
+    # fit is the best line through the origin: sum(n t) / sum(n n) = (1 * 1 + 2 * 4) / (1 + 4)
+    assert fit_gradient_sum({0: 0.0, 1: 1.0, 2: 4.0}) == pytest.approx((0.0, 9 / 5))
+    assert fit_gradient_sum({1: 3.0, 2: 1.0}) == pytest.approx((2.0, 0.0))  # falling: the mean, fixed
+    assert fit_gradient_sum({1: 3.0}) is None
+    # a repeat takes the later rank; the median over repeats
+    assert pair_medians([{8: [1.0, 5.0, 2.0]}, {8: [3.0, 1.0, 1.0]}]) == {8: 3.0}
+
+
+def test_the_gradient_sum_is_timed_on_one_and_two_stages_of_parameters():
+    from pipesched.executor import sum_timing
+    built = ExampleModel("mlp", hidden=16, layers_per_stage=(1, 2)).build(2, 1)
+    shapes = sum_timing.stage_shapes(built.stages)  # the bigger stage's parameters
+    assert shapes == [(tuple(p.shape), p.dtype) for p in built.stages[1].parameters()]
+    small, once, twice = sum_timing.payloads(shapes)
+    assert small == [((sum_timing.SUM_SMALL_BYTES // 4,), torch.float32)] and once == shapes
+    assert twice == shapes * 2
+    huge = [((sum_timing.SUM_MAX_BYTES // 4,), torch.float32)]  # twice would exceed the cap: flat, capped
+    assert [sum(n for (n,), _ in p) * 4 for p in sum_timing.payloads(huge)[1:]] == \
+        [sum_timing.SUM_MAX_BYTES // 2, sum_timing.SUM_MAX_BYTES]
+    assert sum_timing.time_gradient_sum(0, 1, shapes, torch.device("cpu"), 10.0) == {}  # one rank: nothing

@@ -42,6 +42,21 @@ def test_cost_files_round_trip(tmp_path):
     assert cost_files.load(tmp_path / "m.json") == model
 
 
+def test_the_calibrated_gradient_sum_round_trips_and_older_files_load_without_it(tmp_path):
+    from pipesched.simulator.costs import GradientSum
+    model = CostModel(stages=(StageCost(1, 2, 3, param_bytes=7),), gradient_sum=GradientSum(2e-3, 4.5e-9))
+    cost_files.save(model, tmp_path / "m.json")
+    assert cost_files.load(tmp_path / "m.json") == model
+    assert json.loads((tmp_path / "m.json").read_text())["gradient_sum"] == {"fixed": 2e-3, "per_byte": 4.5e-9}
+    assert "gradient_sum" not in cost_files.to_dict(CostModel())  # absent: priced by the links
+    assert cost_files.from_dict({"stage": {}}).gradient_sum is None
+    assert cost_files.from_dict({"gradient_sum": {"fixed": "3ms"}}).gradient_sum == GradientSum(3e-3, 0.0)
+    with pytest.raises(CostError, match="gradient_sum.per_byte"):
+        cost_files.from_dict({"gradient_sum": {"fixed": 0.0, "per_byte": -1.0}})
+    with pytest.raises(CostError, match="gradient_sum must be an object"):
+        cost_files.from_dict({"gradient_sum": {"fixed": 0.0, "latency": 1.0}})
+
+
 def test_stage_costs_scale_with_the_number_of_model_stages():
     model = CostModel(stages=(StageCost(forward=4, backward_input=8, backward_weight=2, activation_bytes=100,
                                         activation_memory=40, param_bytes=1000),) * 2)

@@ -13,7 +13,8 @@ from pipesched.schedules.registry import build
 from pipesched.schedules.validate import validate
 from pipesched.simulator import steps as steps_module
 from pipesched.simulator.api import simulate
-from pipesched.simulator.costs import CostModel, HostOverhead, Link, Network, StageCost
+from pipesched.simulator.cost_file import from_dict, to_dict
+from pipesched.simulator.costs import CostModel, GradientSum, HostOverhead, Link, Network, StageCost
 from pipesched.simulator.metrics import compute_metrics
 from pipesched.simulator.shared_grads import SharedSums, SumGroup, shared_sums, sum_groups
 from pipesched.simulator.steps import step_matrix, steady_period
@@ -81,6 +82,24 @@ def test_the_sum_is_max_plus_linear_and_keeps_unreached_ranks_unreached():
     assert sums.ends(np.array([0.0, NEG, NEG, NEG]))[[1, 2]].tolist() == [NEG, NEG]
 
 
+def test_the_calibrated_sum_by_hand():
+    # 2 ms + 1 ns a byte, the links and host times not used: a pair's 1e6 bytes take
+    # 3 ms from its later member; the group of three (0, 2, 3) takes the per-byte part
+    # twice, 2 + 2 x 2 = 6 ms. Ranks 0, 2 and 3 start the second group only once rank 0
+    # is through the first: rank 0 leads both.
+    host = HostOverhead(per_send=0.1, send_start=0.04, per_recv=0.02, per_take=0.03)
+    sums = SharedSums((SumGroup((0, 1), 1e6), SumGroup((0, 2, 3), 2e6)), Network(Link(0.5, 1e6)), host,
+                      GradientSum(fixed=2e-3, per_byte=1e-9))
+    ends = sums.ends(np.array([1.0, 1.5, 1.7, 0.2, 9.0]))
+    # pair: max(1.0, 1.5) + 0.003 = 1.503 on ranks 0 and 1; then max(1.503, 1.7, 0.2) + 0.006
+    assert ends == pytest.approx([1.706, 1.503, 1.706, 1.706, 9.0], abs=1e-12)
+    rng = np.random.default_rng(3)  # max-plus linear, unreached groups stay unreached
+    x, y = rng.uniform(0, 10, 5), rng.uniform(0, 10, 5)
+    assert sums.ends(x + 2.5) == pytest.approx(sums.ends(x) + 2.5)
+    assert sums.ends(np.maximum(x, y)) == pytest.approx(np.maximum(sums.ends(x), sums.ends(y)))
+    assert sums.ends(np.array([NEG, NEG, NEG, NEG, 1.0])).tolist() == [NEG, NEG, NEG, NEG, 1.0]
+
+
 # --- in the steps -------------------------------------------------------------------------
 
 N_BYTES = 3e6       # weight-gradient bytes per model stage
@@ -111,6 +130,19 @@ def test_dualpipe_period_by_hand():
             assert info["period"] == pytest.approx(13.2, rel=1e-12)
             assert info["ends"] == pytest.approx([13.2 * (k + 1) for k in range(5)], rel=1e-12)
             assert info["starts"] == pytest.approx([13.2 * k for k in range(5)], rel=1e-12)
+
+
+def test_dualpipe_period_by_hand_with_the_calibrated_sum():
+    # as above, the sum calibrated at 0.3 s + 50 ns a byte: 0.3 + 6e6 x 5e-8 = 0.6 s after
+    # both ranks' 12 s, whatever the link; the cost file keeps it
+    graph = validate(build("dualpipe", 2, 4))
+    costs = dualpipe_costs()
+    calibrated = CostModel(stages=costs.stages, network=costs.network, gradient_sum=GradientSum(0.3, 5e-8))
+    assert from_dict(to_dict(calibrated)) == calibrated
+    assert steady_period(graph, calibrated, "none") == pytest.approx(12.6, rel=1e-12)
+    info = simulate(graph, calibrated, steps=4, step_barrier="none").meta["steps"]
+    assert info["period"] == pytest.approx(12.6, rel=1e-12)
+    assert info["ends"] == pytest.approx([12.6 * (k + 1) for k in range(4)], rel=1e-12)
 
 
 def test_the_optimizer_steps_follow_the_sum():
@@ -156,6 +188,23 @@ def test_the_sum_couples_the_groups_rows_of_the_step_matrix(monkeypatch, latency
     assert any(math.isclose(ends[-1] - ends[-1 - c], c * info["period"], rel_tol=1e-9) for c in range(1, 9))
     # and the sums cost time the matrix without them does not have
     assert matrix.period() > steps_module.max_cycle_mean(before) + t
+
+
+def test_the_calibrated_sum_couples_the_groups_rows_from_their_later_end(monkeypatch):
+    # with the calibrated sum a group's ranks both end at max(leader's end, member's end) + T,
+    # T = fixed + per_byte x the group's bytes (two model stages each)
+    calibrated = GradientSum(fixed=0.05, per_byte=2e-8)
+    costs = CostModel(stages=(StageCost(1.0, 1.2, 0.8, param_bytes=N_BYTES, activation_bytes=1e5),),
+                      network=Network(Link(0.3, BANDWIDTH)), gradient_sum=calibrated)
+    graph = validate(build("dualpipe", 4, 8))
+    before = _columns_without_sums(graph, costs, monkeypatch)
+    after = step_matrix(graph, resolve(graph, costs), costs).a
+    t = 0.05 + 2e-8 * 2 * N_BYTES
+    for leader, member in ((0, 3), (1, 2)):
+        both = np.maximum(before[leader], before[member]) + t
+        assert after[leader] == pytest.approx(both, rel=1e-12)
+        assert after[member] == pytest.approx(both, rel=1e-12)
+    assert np.array_equal(after[4:], before[4:])
 
 
 def test_validation_keeps_the_gradient_bytes_it_strips_from_memory():

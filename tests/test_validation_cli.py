@@ -112,6 +112,12 @@ def test_calibrate_writes_a_cost_file(tmp_path):
     terms = (o.per_op, o.per_send, o.per_recv, o.per_take)
     assert costs.meta["host_from_run"]["gaps"] > 0 and costs.meta["host_from_run"]["median_gap"] > 0
     assert min(terms) >= 0 and sum(terms) > 0
+    # the executor's sum of shared gradients, timed on a small tensor and on once and twice
+    # the biggest model stage's parameters, and the line fitted to it
+    timed = costs.meta["calibrated"]["gradient_sum"]
+    biggest = max(s.param_bytes for s in costs.model_stages)
+    assert timed["sizes"] == [4096, biggest, 2 * biggest] and min(timed["seconds"]) > 0
+    assert costs.gradient_sum is not None and costs.gradient_sum.per_byte > 0
 
 
 @pytest.mark.parametrize("args, message", [
