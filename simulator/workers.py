@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import multiprocessing
 import os
 import signal
@@ -23,6 +24,7 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 _PR_SET_PDEATHSIG = 1
+GC_YOUNG_OBJECTS = 100_000  # a worker's first collector generation (Python's default: 700)
 _jobs: dict[int, tuple[Callable, Sequence, int]] = {}  # what a forked worker runs, by token; the caller's pid
 
 
@@ -81,6 +83,9 @@ def _run_one(task: tuple[int, int]) -> tuple[int, object]:
 def _worker_starts(token: int) -> None:
     """In each worker: Ctrl-C is the caller's to handle; SIGTERM and SIGHUP end the worker
     (not the caller's handlers, inherited by the fork); and it dies with the caller."""
+    gc.freeze()  # what the fork inherited is not looked at again by the collector (nor its pages touched)
+    # searches allocate millions of short-lived tuples and few cycles: collect rarely
+    gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
