@@ -279,7 +279,7 @@ def _advance(ops: Ops, st: _PlayState, rows: list[list[list[int]]], limit_units:
     it deadlocks or cannot end by `cutoff` (rounding margin included), or ("part", t, r,
     picks) where the blocks choose different ops: picks[j] is rows[j]'s kind for rank r
     at t, the state left as before that choice. Not `ready`: the strict play (one block)."""
-    p, m, dur = ops.p, ops.m, ops.dur
+    m, dur = ops.m, ops.dur
     nan, inf = math.nan, math.inf
     end, nxt, at_of, held, forwards = st.end, st.nxt, st.at_of, st.held, st.forwards
     programs, work, wake, free, heap, waiting, left = st.programs, st.work, st.wake, st.free, st.heap, \
@@ -667,13 +667,10 @@ def _search(ops: Ops, units: int, op_time: OpTime, keep: int) -> list[tuple[list
         tables = family(p, m, units + slack)
     ways = [(table, ready) for table in tables for ready in (False, True) if ready or steady_peak(table, m) <= units]
 
-    def fastest(ops: Ops, ways: list, count: int) -> list[tuple[float, int, list, tuple]]:
-        return _fastest(ops, ways, count, units, caps)
-
     if m > SCREEN_BEYOND * p:
-        ways = [way for *_, way in fastest(Ops(p, 3 * p, op_time), ways, SCREEN)]
+        ways = [way for *_, way in _fastest(Ops(p, 3 * p, op_time), ways, SCREEN, units, caps)]
     filled = []
-    for makespan, n, programs, _ in fastest(ops, ways, KEEP):
+    for makespan, n, programs, _ in _fastest(ops, ways, KEEP, units, caps):
         programs, makespan = fill_gaps(ops, programs, units, max(8, min(FILL_ROUNDS, FILL_WORK // (6 * p * m))))
         filled.append((makespan, n, programs))
     filled.sort(key=lambda x: (x[0], x[1]))

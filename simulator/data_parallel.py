@@ -90,10 +90,10 @@ def add_step_tail(trace: Trace, schedule: Schedule, stage_costs: Sequence[StageC
                       for r, own in by_rank.items()}
     floor = pipeline_end.copy()  # per rank: its optimizer steps start after this
     if sums is not None:
-        synced = np.array(pipeline_end if free is None else free, dtype=float)
+        reduced = np.array(pipeline_end if free is None else free, dtype=float)  # through its all-reduces
         for r, done in synced_by_rank.items():
-            synced[r] = max([synced[r]] + [t for t, _ in done])
-        floor = np.maximum(floor, sums.ends(synced))
+            reduced[r] = max([reduced[r]] + [t for t, _ in done])
+        floor = np.maximum(floor, sums.ends(reduced))
     for r, synced in synced_by_rank.items():
         start_at = float(floor[r])
         for done, v in sorted(synced):

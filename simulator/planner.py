@@ -449,7 +449,7 @@ def _search_all(names: list[str], ranks: int, vs: list[int], budget: Budget, var
         rows = []
         for i in which:
             step = _progress_in(progress, done + len(rows) * search_size(names, [m], vs, (rc,)),
-                                variants[i].label if several else "", last=False) if here else None
+                                variants[i].label if several else "") if here else None
             rows.append(search(names, ranks, [m], vs, variants[i].costs, budget, step, recompute=(rc,),
                                step_barrier=step_barrier, shared=shared if several else None))
         return rows
@@ -502,15 +502,14 @@ def cost_variants(costs: CostModel | Sequence[CostVariant] | None,
     return list(costs)
 
 
-def _progress_in(progress: Progress | None, offset: int, label: str, last: bool) -> Progress | None:
-    """`progress` for one variant's search: counted on from `offset`, its label in
-    front of what it builds, and "done" said only after the last variant."""
+def _progress_in(progress: Progress | None, offset: int, label: str) -> Progress | None:
+    """`progress` for one search within a plan: counted on from `offset`, its label in
+    front of what it builds; its "done" is not passed on (the plan says it once)."""
     if progress is None:
         return None
 
     def step(done: int, what: str) -> None:
-        if what == "done" and not last:
-            return
-        progress(offset + done, what if what == "done" or not label else f"{label}: {what}")
+        if what != "done":
+            progress(offset + done, f"{label}: {what}" if label else what)
 
     return step

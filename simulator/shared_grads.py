@@ -129,14 +129,9 @@ class SharedSums:
         clock = done.copy()
         for group in self.groups:
             members = list(group.ranks)
-            clock[members] = clock[members].max() + self._calibrated_seconds(group)
+            # the per-byte part once per member besides the leader
+            clock[members] = clock[members].max() + self.calibrated.time((len(members) - 1) * group.nbytes)
         return clock
-
-    def _calibrated_seconds(self, group: SumGroup) -> float:
-        """Seconds the calibrated sum of `group` takes: the per-byte part once per
-        member besides the leader."""
-        c = self.calibrated
-        return c.fixed + (len(group.ranks) - 1) * group.nbytes * c.per_byte
 
     def _link(self, src: int, dst: int, group: SumGroup) -> float:
         """Seconds one message of the group's bytes takes from `src` to `dst`."""

@@ -155,8 +155,9 @@ def step_matrix(graph: TaskGraph, timing: Timing, costs: CostModel) -> StepMatri
             a[:p, c] = np.maximum(a[:p, c], _tail_ends(add_step_tail(pipeline, sched, timing.stage_costs,
                                                                      costs.data_parallel, sums=sums,
                                                                      free=timeline.rank_free[:, c - lo]), p))
-        for c in range(lo, hi) if sums is not None and not tail else ():  # the sums couple their groups' rows
-            a[:p, c] = sums.ends(a[:p, c])
+        if sums is not None and not tail:  # the sums couple their groups' rows (with a tail: applied in it)
+            for c in range(lo, hi):
+                a[:p, c] = sums.ends(a[:p, c])
     names = [f"rank {r}" for r in range(p)] + [f"link {s}->{r}" for s, r in timing.links[:links]]
     return StepMatrix(a, names)
 
