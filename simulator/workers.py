@@ -24,6 +24,7 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 _PR_SET_PDEATHSIG = 1
+_STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # what stops a command (pipesched.cli)
 GC_YOUNG_OBJECTS = 100_000  # a worker's first collector generation (Python's default: 700)
 _jobs: dict[int, tuple[Callable, Sequence, int]] = {}  # what a forked worker runs, by token; the caller's pid
 
@@ -59,8 +60,18 @@ def run_in_order(job: Callable[[Item], Result], items: Sequence[Item], processes
     token = id(items)
     _jobs[token] = (job, items, os.getpid())
     results: dict[int, Result] = {}
+    # A signal that reached a worker before it set its own handlers would end it with a
+    # traceback: they are held back while the workers are forked, each worker lets them
+    # through once its handlers are set, and here once the pool will stop them on leaving.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     try:
-        with multiprocessing.get_context("fork").Pool(processes, initializer=_worker_starts, initargs=(token,)) as pool:
+        try:
+            pool = multiprocessing.get_context("fork").Pool(processes, initializer=_worker_starts, initargs=(token,))
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            raise
+        with pool:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             for i, result in pool.imap_unordered(_run_one, [(token, i) for i in order]):
                 results[i] = _done(finished, i, result)
     finally:  # the pool's exit has terminated its workers, on success or not
@@ -87,9 +98,9 @@ def _worker_starts(token: int) -> None:
     # searches allocate millions of short-lived tuples and few cycles: collect rarely
     gc.set_threshold(GC_YOUNG_OBJECTS, *gc.get_threshold()[1:])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in ("SIGTERM", "SIGHUP"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    for num in _STOPS - {signal.SIGINT}:
+        signal.signal(num, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # held back by the caller while forking
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
