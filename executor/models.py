@@ -231,6 +231,15 @@ def _spec(t: Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
 
 
+def _device_of(module: nn.Module, default: torch.device) -> torch.device:
+    """Where `module`'s weights live (a stage moved to a GPU by an earlier job stays there)."""
+    for t in module.parameters():
+        return t.device
+    for t in module.buffers():
+        return t.device
+    return default
+
+
 def check_model(model: PipelineModel, num_model_stages: int, microbatches: int) -> list[TensorSpec]:
     """Check that `model` can run a schedule with these many model stages and
     microbatches; return each model stage's output spec (what crosses each boundary).
@@ -261,6 +270,7 @@ def check_model(model: PipelineModel, num_model_stages: int, microbatches: int) 
     specs: list[TensorSpec] = []
     x = model.inputs[0]
     for k, stage in enumerate(model.stages):
+        x = x.to(_device_of(stage, x.device))
         if k > 0:
             x = x.detach().requires_grad_()
         try:
@@ -276,7 +286,7 @@ def check_model(model: PipelineModel, num_model_stages: int, microbatches: int) 
         specs.append(TensorSpec(tuple(y.shape), y.dtype))
         x = y
     try:
-        loss = model.loss_fn(x, model.targets[0])
+        loss = model.loss_fn(x, model.targets[0].to(x.device))
     except Exception as exc:
         raise ModelError(f"the loss fails on the last stage's output ({_spec(x)}) and target "
                          f"({_spec(model.targets[0])}): {type(exc).__name__}: {exc}") from None

@@ -121,6 +121,19 @@ def test_split_sequential_and_its_errors():
         split_sequential(seq, [5, 0])
 
 
+def test_check_model_takes_stages_already_on_another_device():
+    """A model reused by a second job has its stages on the GPU (a job moves them there)
+    while its microbatches stay on the host: the check runs each stage where it lives."""
+    vocab, hidden = 16, 8
+    stages = [nn.Embedding(vocab, hidden).to("meta"), nn.Linear(hidden, vocab).to("meta")]
+    tokens = [torch.randint(0, vocab, (2, 4)) for _ in range(2)]
+
+    def loss(y, t):
+        return nn.functional.cross_entropy(y.flatten(0, 1), t.flatten())
+    specs = check_model(PipelineModel(stages, loss, tokens, tokens), 2, 2)
+    assert [s.shape for s in specs] == [(2, 4, hidden), (2, 4, vocab)]
+
+
 @pytest.mark.filterwarnings("ignore:Using a target size")
 def test_check_model_refuses_bad_models():
     ex = ExampleModel(hidden=8)
