@@ -134,7 +134,7 @@ def measured_bandwidth(shapes: list[tuple[int, int]], which: tuple[str, ...] = t
 
 def cpu_hardware(rate: float, bandwidth: float) -> Hardware:
     gpu = GpuKind("cpu-1-thread", {"fp32": rate, "bf16": rate, "fp16": rate}, bandwidth, 2.0 ** 36, 1.0,
-                  "measured here: torch.matmul and torch.add in one thread")
+                  "measured here: torch.matmul and torch.add in one thread", memory_efficiency=1.0)
     return Hardware(gpu, Link(0.0, 1e12), Link(0.0, 1e12), 8).check()
 
 

@@ -30,7 +30,7 @@ Steps, in order (the kind in results.jsonl in brackets):
    forward saves, from the executor's ledger and from `torch.cuda.memory_allocated` /
    `max_memory_allocated` around one forward (after a warm forward and backward). The
    cluster what-if estimate of the same block (`--estimator MODULE:FUNCTION`, default
-   DEFAULT_ESTIMATOR below: `pipesched.simulator.estimate` at its default efficiency) is
+   DEFAULT_ESTIMATOR below: `pipesched.simulator.estimate` at its default efficiencies) is
    recorded and printed beside the measurement (`cluster_estimate_hook`).
 4. [run] schedules of four shapes (1f1b, zb-v, dualpipe, zb-auto with `--max-activations
    2`; `--schedules all` for every built-in, as the registry `pipesched list` reads) at
@@ -635,7 +635,8 @@ def estimate_layer(hidden: int, seq: int, microbatch_size: int, dtype: str, devi
     profiled here (hf-llama's shapes: FFN 4 x hidden, heads of 32, eager kernels, and
     transformers' default SDPA attention, which keeps no score matrix: the estimator's
     "flash") on the GPU kind named like `device_name`: F, B, W seconds and the bytes F
-    keeps, at the default efficiency, nothing fitted to this machine."""
+    keeps, at the default efficiencies (read off this block on an H200 in 2026-11: on an
+    H200 the comparison shows drift, not a held-out error)."""
     from pipesched.simulator.estimate import Setup, estimate
     from pipesched.simulator.hardware import hardware
     from pipesched.simulator.model_config import from_hf_dict

@@ -12,7 +12,7 @@ cross-entropy (last stage), per tensor-parallel rank and microbatch:
   under a causal mask where kernels skip the masked blocks (FlashAttention, Dao 2023), and
   2.5x that backward with FlashAttention (it recomputes QK^T), 2x without. Norms,
   activations, residual adds, rotary embeddings and the loss are memory-bound: bytes
-  moved / HBM bandwidth, twice as many bytes backward. Tensor parallelism (Megatron-LM,
+  moved / (HBM bandwidth x memory_efficiency), twice as many bytes backward. Tensor parallelism (Megatron-LM,
   Shoeybi et al. 2019) adds two all-reduces of the s b h activation to F and two to B;
   with sequence parallelism (Korthikanti et al. 2022) each becomes a reduce-scatter
   plus an all-gather, and W all-gathers the inputs of its two column-parallel GEMMs
@@ -214,6 +214,7 @@ class _Ops:
         self.u = setup.tp if setup.sp else 1   # activations outside the TP regions are split with SP
         self.rate = hw.gpu.flops(setup.dtype)
         self.bw = hw.gpu.hbm_bandwidth
+        self.memory_rate = hw.gpu.memory_rate
         self.link = hw.intra
         self.fused = setup.kernels == "fused"
         self.flash = setup.attention == "flash"
@@ -223,7 +224,7 @@ class _Ops:
         work.add(category, max(flops / self.rate, nbytes / self.bw), flops, nbytes)
 
     def memory_bound(self, work: Work, nbytes: float) -> None:
-        work.add("elementwise", nbytes / self.bw, 0.0, nbytes)
+        work.add("elementwise", nbytes / self.memory_rate, 0.0, nbytes)
 
     def comm(self, work: Work, kind: str, nbytes: float, count: int = 1) -> None:
         if self.t == 1:
@@ -464,6 +465,7 @@ class Estimate:
         return {
             "model": asdict(self.model), "setup": asdict(self.setup),
             "hardware": {"gpu": hw.gpu.name, "peak_flops": hw.gpu.peak_flops, "efficiency": hw.gpu.efficiency,
+                         "memory_efficiency": hw.gpu.memory_efficiency,
                          "hbm_bandwidth": hw.gpu.hbm_bandwidth, "memory": hw.gpu.memory,
                          "ranks_per_node": hw.ranks_per_node, "source": hw.gpu.source,
                          "intra_node": {"bandwidth": hw.intra.bandwidth, "latency": hw.intra.latency},

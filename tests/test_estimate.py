@@ -21,8 +21,8 @@ from pipesched.simulator.model_config import (PRESETS, PUBLISHED_PARAMS, ModelCo
 
 
 def machine(rate: float = 1e12, bandwidth: float = 1e15, link: Link = Link(1e-6, 1e11)) -> Hardware:
-    """A made-up GPU: `rate` FLOP/s in every dtype at efficiency 1."""
-    gpu = GpuKind("test", {"bf16": rate, "fp16": rate, "fp32": rate}, bandwidth, 2.0 ** 40, 1.0)
+    """A made-up GPU: `rate` FLOP/s in every dtype and `bandwidth` bytes/s, both reached in full."""
+    gpu = GpuKind("test", {"bf16": rate, "fp16": rate, "fp32": rate}, bandwidth, 2.0 ** 40, 1.0, memory_efficiency=1.0)
     return Hardware(gpu, link, Link(1e-5, 1e10), 8).check()
 
 
@@ -181,15 +181,30 @@ def test_bad_setups_name_the_bound():
 
 def test_hardware_kinds_and_overrides():
     h100 = hardware("h100-sxm")
-    assert h100.gpu.peak_flops["bf16"] == 989.5e12 and h100.gpu.efficiency == 0.5
+    assert h100.gpu.peak_flops["bf16"] == 989.5e12 and h100.gpu.efficiency == 0.75
     assert hardware("h200").gpu.hbm_bandwidth == 4.8e12 and hardware("a100-80gb").gpu.peak_flops["bf16"] == 312e12
     over = with_overrides(None, {"gpu": "h100-sxm", "efficiency": 0.4, "peak_flops": {"bf16": "800TFLOP/s"},
                                  "inter_node": {"bandwidth": "200Gbit/s"}})
     assert over.gpu.flops("bf16") == 0.4 * 800e12 and over.inter.bandwidth == 25e9
+    assert over.gpu.memory_rate == 0.3 * 3.35e12
     for bad, match in (({"efficiency": 2}, "efficiency"), ({"gpu": "tpu"}, "unknown GPU kind"),
-                       ({"colour": 1}, "unknown field")):
+                       ({"memory_efficiency": 0}, "memory_efficiency"), ({"colour": 1}, "unknown field")):
         with pytest.raises(HardwareError, match=match):
             with_overrides(h100, bad)
+
+
+def test_memory_bound_work_runs_at_the_memory_efficiency_and_gemms_do_not():
+    """Halving memory_efficiency doubles the elementwise seconds of every op and leaves the
+    GEMMs' and attention's alone (they are compute-bound at these sizes)."""
+    setup = Setup(seq=4096, microbatch_size=1, kernels="eager")
+    full = with_overrides(hardware("h200"), {"memory_efficiency": 0.6})
+    half = with_overrides(hardware("h200"), {"memory_efficiency": 0.3})
+    a = estimate(preset("llama3-8b"), setup, full).layer.summary()["seconds_by_kind"]
+    b = estimate(preset("llama3-8b"), setup, half).layer.summary()["seconds_by_kind"]
+    for op in "FBW":
+        assert b[op]["elementwise"] == pytest.approx(2 * a[op]["elementwise"], rel=1e-12)
+        assert b[op]["gemm"] == a[op]["gemm"]
+    assert b["F"]["attention"] == a["F"]["attention"]
 
 
 # --- uneven stages, the cost file and the CLI ---------------------------------------------

@@ -24,7 +24,7 @@ def test_first_row_is_the_estimate_of_a_middle_stage_of_the_1_5b_model():
                         norm="layernorm", bias=True, positions=2048, activation="gelu", dropout=True)
     setup = Setup(seq=1024, microbatch_size=6, dtype="fp16", tp=1, kernels="fused", attention="math")
     est = estimate(model, setup, hardware("a100-80gb"))
-    assert est.hardware.gpu.efficiency == 0.5  # the default, not tuned
+    assert (est.hardware.gpu.efficiency, est.hardware.gpu.memory_efficiency) == (0.75, 0.3)  # the defaults
     layer = est.layer
     direct = tuple(3 * w.total * 1e3 for w in (layer.forward, layer.backward_input, layer.backward_weight))
     assert got.estimated == pytest.approx(direct, rel=1e-12)

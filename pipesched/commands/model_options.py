@@ -36,7 +36,7 @@ DEFAULTS = {"microbatch_size": 1, "dtype": "bf16", "tp": 1, "layer_recompute": "
             "kernels": "fused", "attention": "flash"}
 # what describes the estimate beyond the model itself (given without a model: an error)
 SETUP_DESTS = ("seq", "dtype", "tp", "sp", "layer_recompute", "zero", "fp32_grads", "kernels", "attention", "gpu",
-               "hardware", "efficiency")
+               "hardware", "efficiency", "memory_efficiency")
 # the cost options an estimate replaces: it states them layer by layer
 STAGE_FLAGS = {"f": "--f", "b": "--b", "w": "--w", "activation_bytes": "--activation-bytes",
                "activation_memory": "--activation-memory", "weight_memory": "--weight-memory",
@@ -76,7 +76,9 @@ def add_model_args(parser: argparse.ArgumentParser, *, own: bool = False, microb
     h.add_argument("--gpu", metavar="KIND", help=f"GPU kind: {', '.join(GPU_KINDS)} (or gpu in --hardware)")
     h.add_argument("--hardware", metavar="FILE", help="hardware file (TOML/JSON) overriding the GPU kind's figures")
     h.add_argument("--efficiency", type=float, metavar="X",
-                   help="share of peak FLOP/s matmuls reach (default: the GPU kind's, 0.5)")
+                   help="share of peak FLOP/s matmuls reach (default: the GPU kind's, 0.75)")
+    h.add_argument("--memory-efficiency", type=float, metavar="X",
+                   help="share of the HBM bandwidth memory-bound ops reach (default: the GPU kind's, 0.3)")
     if own:
         h.add_argument("--ranks-per-node", type=int, metavar="N", help="GPUs per node (default 8)")
 
@@ -102,7 +104,7 @@ def check_model_args(args: argparse.Namespace, recompute_flag: bool = True) -> N
     stage = [flag for dest, flag in STAGE_FLAGS.items() if getattr(args, dest, None) is not None]
     if stage:
         raise UsageError(f"{stage[0]} does not apply with a model: the estimate gives every layer's times and "
-                         "memory (change them through --gpu, --efficiency, --seq, ...)")
+                         "memory (change them through --gpu, --efficiency, --memory-efficiency, --seq, ...)")
     if args.seq is None:
         raise UsageError("the estimate needs --seq N (tokens per sequence)")
     if args.gpu is None and args.hardware is None:
@@ -136,6 +138,8 @@ def hardware_from_args(args: argparse.Namespace) -> Hardware:
             hw = replace(hw, ranks_per_node=args.ranks_per_node)
         if args.efficiency is not None:
             hw = replace(hw, gpu=replace(hw.gpu, efficiency=args.efficiency))
+        if args.memory_efficiency is not None:
+            hw = replace(hw, gpu=replace(hw.gpu, memory_efficiency=args.memory_efficiency))
         return hw.check()
     except HardwareError as exc:
         raise UsageError(str(exc)) from None
@@ -189,7 +193,7 @@ def model_words(args: argparse.Namespace, microbatch_size: int | None = None) ->
                         ("--layer-recompute", args.layer_recompute), ("--dp", args.dp), ("--zero", args.zero),
                         ("--fp32-grads", args.fp32_grads), ("--kernels", args.kernels),
                         ("--attention", args.attention), ("--gpu", args.gpu), ("--hardware", args.hardware),
-                        ("--efficiency", args.efficiency)):
+                        ("--efficiency", args.efficiency), ("--memory-efficiency", args.memory_efficiency)):
         if value is None or value is False:
             continue
         words += [flag] if value is True else [flag, str(value)]
