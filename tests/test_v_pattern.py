@@ -90,6 +90,25 @@ def test_below_one_microbatch_there_is_nothing_to_play():
     assert v_pattern_plays(4, 8, uniform(1, 1, 1).op_time_for(4), 0.5) == []
 
 
+def test_a_search_whose_screened_ways_are_all_strict_plays_still_finds_orders():
+    # Llama-3 70B's estimated stages at p = 4 (the middle one a layer longer) under a
+    # limit of 5.5 microbatches: the screen on 3p microbatches keeps only strict plays,
+    # and the search on all 32 once stopped with an IndexError.
+    f = [41.66, 41.10, 41.10, 45.21, 41.10, 41.10, 41.10, 41.74]
+    b = [47.68, 47.68, 47.68, 52.45, 47.68, 47.68, 47.68, 46.96]
+    w = [30.90, 30.20, 30.20, 33.22, 30.20, 30.20, 30.20, 30.41]
+    table = {"F": f, "B": b, "W": w}
+
+    def op_time(op, model_stage, num_model_stages):
+        return table[op][model_stage] * 1e-3
+    found = v_pattern_plays(4, 32, op_time, 5.5)
+    assert found
+    for schedule, makespan in found:
+        validate(schedule)
+        assert peak_activations(schedule) <= 5.5 + 1e-9
+        assert makespan == pytest.approx(makespan_under(schedule, op_time), rel=1e-9)
+
+
 @pytest.mark.parametrize("fbw", [(1, 1, 1), (2, 3, 1), (12e-3, 14e-3, 10e-3)])
 def test_filling_gaps_never_lengthens_a_play_nor_breaks_the_limit(fbw):
     p, m, units = 8, 24, 9
