@@ -32,19 +32,26 @@ Steps, in order (the kind in results.jsonl in brackets):
    cluster what-if estimate of the same block (`--estimator MODULE:FUNCTION`, default
    DEFAULT_ESTIMATOR below: `pipesched.simulator.estimate` at its default efficiencies) is
    recorded and printed beside the measurement (`cluster_estimate_hook`).
-4. [run] schedules of four shapes (1f1b, zb-v, dualpipe, zb-auto with `--max-activations
+4. [share] how two processes share the device, as two ranks on one GPU do: one Llama
+   block (hidden 1024, 8 x 512 tokens, float32) looped F + BW for 5 s by one process
+   alone, then by two at once (`--share-worker`). Recorded: seconds an iteration alone
+   and together, their ratio (2.0: fair time slicing, nothing lost) and the capacity it
+   implies (2 x alone / together). On an H200 in 2026-11, validate's ops that fully
+   overlapped the other rank's took 2.12-2.24x their solo time, which the simulator's
+   sharing (capacity 1) does not give.
+5. [validate] the same as step 2 on `--model hf-llama` (1f1b,zb-h1,zb-h2,dualpipe,gpipe: a
+   transformers model cannot be cut into 2 and 4 model stages in one launch), hidden
+   1024, 8 x 512 tokens.
+6. [run] schedules of four shapes (1f1b, zb-v, dualpipe, zb-auto with `--max-activations
    2`; `--schedules all` for every built-in, as the registry `pipesched list` reads) at
    p = 2, both ranks sharing the GPU: `pipesched run NAME -p 2 -m 4 --backend gloo-cuda
    --json`, the example transformer (hidden 512, 8 x 256 tokens). The run checks loss and
    gradients against the unpipelined model; recorded: pass/fail, worst gradient error,
    step time, bubble, per-rank peak memory.
-5. [torch-runtime] `benchmarks/executor_vs_torch.py` (pipesched's runtime against
+7. [torch-runtime] `benchmarks/executor_vs_torch.py` (pipesched's runtime against
    torch.distributed.pipelining's on the same schedules, a launch per case; gloo on the
    CPUs, the benchmark has no GPU backend): step times, their ratio and the host time per
    op the two runtimes differ by; a case torch's runtime fails is recorded as failed.
-6. [validate] the same on `--model hf-llama` (1f1b,zb-h1,zb-h2,dualpipe,gpipe: a
-   transformers model cannot be cut into 2 and 4 model stages in one launch), hidden
-   1024, 8 x 512 tokens.
 
 Budget: `--budget SECONDS` (default 540) counts from the start. Before each step its cost
 is estimated (a table per mode; the median of the steps of that kind already run; kinds
@@ -107,7 +114,7 @@ EXTRA_ARGS = {"zb-auto": ["--max-activations", "2"]}   # zb-auto builds under a 
 # both ways at once, so hf-llama validates five schedules of one model stage per rank
 VALIDATED = {"transformer": "1f1b,zb-h1,zb-v,interleaved-1f1b,dualpipev",
              "hf-llama": "1f1b,zb-h1,zb-h2,dualpipe,gpipe"}
-KINDS = ("setup", "run", "validate", "layer", "torch-runtime")
+KINDS = ("setup", "run", "validate", "layer", "share", "torch-runtime")
 DEPENDENCIES = {"torch": "torch", "simpy": "simpy", "networkx": "networkx", "numpy": "numpy",
                 "matplotlib": "matplotlib", "transformers": "transformers"}
 WHEEL_DIRS = (".whl", "shared/wheels", "wheels")
@@ -134,6 +141,8 @@ class Mode:
     layer_repeats: tuple[int, int]                 # (repeats, warmup)
     torch_args: tuple[str, ...]
     estimates: dict[str, float]                    # seconds per step of each kind
+    share_size: tuple[int, int, int, str] = (1024, 512, 8, "float32")   # the block two processes loop
+    share_seconds: float = 5.0                     # each loop's length, alone and together
 
 
 GPU = Mode(
@@ -151,7 +160,7 @@ GPU = Mode(
     torch_args=("--ranks", "2", "--microbatches", "8", "--hidden", "512", "--steps", "10", "--warmup", "2"),
     # an H200 with 16 cores, 2026-11-28: setup 32 s, a run 13-21 s, the layers 25 s for three
     # float32 sizes; the transformer's validate did not finish in 143 s
-    estimates={"setup": 40, "run": 18, "validate": 200, "layer": 45, "torch-runtime": 60})
+    estimates={"setup": 40, "run": 18, "validate": 200, "layer": 45, "torch-runtime": 60, "share": 45})
 
 DRY = Mode(
     "dry-run", "gloo", "cpu",
@@ -167,7 +176,8 @@ DRY = Mode(
     layer_vocab=256, layer_repeats=(3, 1),
     torch_args=("--ranks", "2", "--microbatches", "4", "--hidden", "32", "--microbatch-size", "4",
                 "--steps", "2", "--warmup", "1"),
-    estimates={"setup": 10, "run": 5, "validate": 12, "layer": 10, "torch-runtime": 20})
+    estimates={"setup": 10, "run": 5, "validate": 12, "layer": 10, "torch-runtime": 20, "share": 30},
+    share_size=(32, 16, 2, "float32"), share_seconds=1.0)
 
 
 # ---------------------------------------------------------------- budget and records
@@ -586,6 +596,25 @@ def layers(check: Check, timeout: float) -> None:
             check.rec.write("layer", name, status, **extra)
 
 
+def share(check: Check, timeout: float) -> None:
+    """How two processes share the device, as two ranks on one GPU do: one worker process
+    starts one process that loops a block's F + BW alone, then two that loop it at once
+    (`share_worker`). Recorded: seconds an iteration alone and together, their ratio (2.0
+    is fair time slicing with nothing lost) and the capacity it implies (2 x alone /
+    together: the share of the device two processes get together)."""
+    hidden, seq, mbs, dtype = check.mode.share_size
+    cfg = {"hidden": hidden, "seq": seq, "microbatch_size": mbs, "dtype": dtype, "vocab": check.mode.layer_vocab,
+           "device": check.mode.device, "seconds": check.mode.share_seconds}
+    name = layer_name(hidden, seq, mbs, dtype)
+    cmd = check.python([str(Path(__file__).resolve()), "--share-worker", json.dumps(cfg)], timeout)
+    out = parse_json(cmd.stdout.strip().splitlines()[-1]) if cmd.stdout.strip() else None
+    if cmd.rc != 0 or not isinstance(out, dict) or "ratio" not in out:
+        status, extra = failed(cmd)
+        check.rec.write("share", name, status, **extra)
+        return
+    check.rec.write("share", name, "ok", worker_seconds=round(cmd.seconds, 2), **out)
+
+
 def torch_runtime(check: Check, timeout: float) -> None:
     cmd = check.python(["benchmarks/executor_vs_torch.py", "--json", *check.mode.torch_args], timeout)
     out = parse_json(cmd.stdout)
@@ -618,13 +647,15 @@ def write_artifacts(check: Check) -> None:
 
 
 def plan(mode: Mode, schedules: tuple[str, ...]) -> list[Step]:
-    """The steps, what has never been measured on a GPU first: the first validate (predicted
-    against measured), the layers, the runs, torch's runtime, then the other validates."""
+    """The steps, what a GPU has measured least first: the first validate (predicted against
+    measured), the layers, how two processes share the device, the other validates, the
+    runs, torch's runtime."""
     validates = [Step("validate", label, validate_model(label, args)) for label, args in mode.validate_models]
-    steps = validates[:1] + [Step("layer", " + ".join(layer_names(mode)), layers)]
+    steps = validates[:1] + [Step("layer", " + ".join(layer_names(mode)), layers),
+                             Step("share", layer_name(*mode.share_size), share)]
+    steps += validates[1:]
     steps += [Step("run", name, run_schedule(name)) for name in schedules]
-    steps += [Step("torch-runtime", "executor_vs_torch", torch_runtime)]
-    return steps + validates[1:]
+    return steps + [Step("torch-runtime", "executor_vs_torch", torch_runtime)]
 
 
 # ---------------------------------------------------------------- the layer worker (a subprocess)
@@ -687,6 +718,75 @@ def layer_worker(cfg: dict) -> None:
                    "error": f"{type(exc).__name__}: {exc}"}
         _free_cuda()
         print(json.dumps(out, default=float), flush=True)
+
+
+def share_worker(cfg: dict) -> None:
+    """Prints one JSON line: seconds an iteration of F + BW of one Llama block, looped for
+    cfg["seconds"] by one process alone and then by two at once (each process its own CUDA
+    context, as gloo-cuda ranks are), started together at a barrier once built and warm."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out: dict[str, Any] = {"seconds": cfg["seconds"], "device": cfg["device"]}
+    for label, n in (("alone", 1), ("together", 2)):
+        barrier, queue = ctx.Barrier(n + 1), ctx.Queue()
+        procs = [ctx.Process(target=_share_loop, args=(cfg, barrier, queue), daemon=True) for _ in range(n)]
+        for proc in procs:
+            proc.start()
+        barrier.wait(timeout=300)
+        loops = [queue.get(timeout=300 + 10 * cfg["seconds"]) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+        errors = [x["error"] for x in loops if "error" in x]
+        if errors:
+            raise RuntimeError(errors[0])
+        out[label] = loops
+        out[f"{label}_s"] = statistics.fmean(x["per_iteration_s"] for x in loops)
+    out["ratio"] = out["together_s"] / out["alone_s"]
+    out["capacity"] = 2.0 / out["ratio"]
+    print(json.dumps(out), flush=True)
+
+
+def _share_loop(cfg: dict, barrier: Any, queue: Any) -> None:
+    """One process of `share_worker`: builds and warms the block, waits at `barrier`, loops."""
+    try:
+        import torch
+
+        from pipesched.executor.causal_lm import Blocks
+        from pipesched.executor.hf_models import HFModel
+        from pipesched.executor.layer_profile import layer_pieces
+
+        dev = torch.device(cfg["device"])
+        if dev.type == "cpu":
+            torch.set_num_threads(1)
+        low = cfg["dtype"] == "bfloat16"
+        model = HFModel("hf-llama", cfg["hidden"], 1, cfg["microbatch_size"], cfg["seq"], cfg["vocab"],
+                        "float32" if low else cfg["dtype"]).check().build(1, 1)
+        pieces, _ = layer_pieces(model)
+        blk = next(p for p in pieces if isinstance(p, Blocks)).to(dev)
+        if low:
+            blk.to(torch.bfloat16)
+        x = torch.randn(cfg["microbatch_size"], cfg["seq"], cfg["hidden"], device=dev, requires_grad=True,
+                        dtype=next(blk.parameters()).dtype)
+
+        def iteration() -> None:
+            y = blk(x)
+            y.backward(torch.ones_like(y))
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+        for _ in range(3):
+            iteration()
+    except Exception as exc:
+        barrier.abort()
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+        return
+    barrier.wait()
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < cfg["seconds"]:
+        iteration()
+        n += 1
+    elapsed = time.perf_counter() - start
+    queue.put({"iterations": n, "elapsed_s": elapsed, "per_iteration_s": elapsed / n})
 
 
 def _free_cuda() -> None:
@@ -795,6 +895,9 @@ def summary(records: list[dict]) -> str:
                     f"saved {_mib(r.get('activation_memory_bytes'))} MiB (cuda {_mib(r.get('cuda_saved_bytes'))})")
             if r.get("estimate"):
                 what += f"; estimate {json.dumps(r['estimate'], default=str)}"
+        elif kind == "share" and "ratio" in r:
+            what = (f"F+BW alone {_ms(r['alone_s'])} ms, two at once {_ms(r['together_s'])} ms each: "
+                    f"{r['ratio']:.2f}x (2.00 = fair sharing), capacity {r['capacity']:.2f}")
         elif kind == "torch-runtime" and "ours_s" in r:
             what = (f"ours {_ms(r['ours_s'])} torch {_ms(r['torch_s'])} ms, ratio {_g(r.get('ratio'))}, "
                     f"host diff/op {_ms(r.get('host_diff_per_op_s'))} ms (cpu)")
@@ -827,6 +930,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--layer-worker"]:
         layer_worker(json.loads(argv[1]))
+        return 0
+    if argv[:1] == ["--share-worker"]:
+        share_worker(json.loads(argv[1]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
