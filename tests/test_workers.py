@@ -73,9 +73,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _as_a_terminal_starts_it() -> None:
+    """In the child before exec: Ctrl-C at its default, nothing blocked, as a shell starts a
+    foreground command. A process started with SIGINT ignored keeps ignoring it, as it
+    should (nohup). A suite run in the background of a non-interactive shell, which
+    ignores SIGINT and SIGQUIT for such commands, passed that on to the plan, which then
+    ran to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def _start_big_plan() -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen([sys.executable, "-m", "pipesched", *BIG_PLAN], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_as_a_terminal_starts_it)
     deadline = time.monotonic() + 60
     while len(_children(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
