@@ -158,8 +158,8 @@ GPU = Mode(
                  (4096, 4096, 2, "bfloat16"), (8192, 4096, 1, "bfloat16")),
     layer_vocab=2048, layer_repeats=(10, 2),
     torch_args=("--ranks", "2", "--microbatches", "8", "--hidden", "512", "--steps", "10", "--warmup", "2"),
-    # an H200 with 16 cores, 2026-11-28: setup 32 s, a run 13-21 s, the layers 25 s for three
-    # float32 sizes; the transformer's validate did not finish in 143 s
+    # an H200 with 16 cores, 2026-11-28: setup 28-32 s, a run 12-21 s, the layers 52 s for five
+    # sizes, the transformer's validate 160 s, hf-llama's 225 s
     estimates={"setup": 40, "run": 18, "validate": 200, "layer": 45, "torch-runtime": 60, "share": 45})
 
 DRY = Mode(
@@ -720,6 +720,36 @@ def layer_worker(cfg: dict) -> None:
         print(json.dumps(out, default=float), flush=True)
 
 
+def llama_model(cfg: dict):
+    """hf-llama with one block at cfg's sizes (a PipelineModel of one model stage); in
+    bfloat16 cast after building, as the executor builds float32/64 (exact gradients)."""
+    import torch
+
+    from pipesched.executor.hf_models import HFModel
+
+    low = cfg["dtype"] == "bfloat16"
+    model = HFModel("hf-llama", cfg["hidden"], 1, cfg["microbatch_size"], cfg["seq"], cfg["vocab"],
+                    "float32" if low else cfg["dtype"]).check().build(1, 1)
+    if low:
+        for stage in model.stages:
+            stage.to(torch.bfloat16)
+    return model
+
+
+def block_and_input(model, cfg: dict, dev):
+    """(the transformer block of `model` on `dev`, a random input to it that wants a gradient)."""
+    import torch
+
+    from pipesched.executor.causal_lm import Blocks
+    from pipesched.executor.layer_profile import layer_pieces
+
+    pieces, _ = layer_pieces(model)
+    blk = next(p for p in pieces if isinstance(p, Blocks)).to(dev)
+    x = torch.randn(cfg["microbatch_size"], cfg["seq"], cfg["hidden"], device=dev, requires_grad=True,
+                    dtype=next(blk.parameters()).dtype)
+    return blk, x
+
+
 def share_worker(cfg: dict) -> None:
     """Prints one JSON line: seconds an iteration of F + BW of one Llama block, looped for
     cfg["seconds"] by one process alone and then by two at once (each process its own CUDA
@@ -752,22 +782,10 @@ def _share_loop(cfg: dict, barrier: Any, queue: Any) -> None:
     try:
         import torch
 
-        from pipesched.executor.causal_lm import Blocks
-        from pipesched.executor.hf_models import HFModel
-        from pipesched.executor.layer_profile import layer_pieces
-
         dev = torch.device(cfg["device"])
         if dev.type == "cpu":
             torch.set_num_threads(1)
-        low = cfg["dtype"] == "bfloat16"
-        model = HFModel("hf-llama", cfg["hidden"], 1, cfg["microbatch_size"], cfg["seq"], cfg["vocab"],
-                        "float32" if low else cfg["dtype"]).check().build(1, 1)
-        pieces, _ = layer_pieces(model)
-        blk = next(p for p in pieces if isinstance(p, Blocks)).to(dev)
-        if low:
-            blk.to(torch.bfloat16)
-        x = torch.randn(cfg["microbatch_size"], cfg["seq"], cfg["hidden"], device=dev, requires_grad=True,
-                        dtype=next(blk.parameters()).dtype)
+        blk, x = block_and_input(llama_model(cfg), cfg, dev)
 
         def iteration() -> None:
             y = blk(x)
@@ -802,20 +820,12 @@ def profile_block(cfg: dict) -> dict:
     """One Llama block profiled on cfg["device"]: F, B, W, BW and what a forward saves."""
     import torch
 
-    from pipesched.executor.causal_lm import Blocks
-    from pipesched.executor.hf_models import HFModel
-    from pipesched.executor.layer_profile import layer_pieces, profile_layers
+    from pipesched.executor.layer_profile import profile_layers
 
     dev = torch.device(cfg["device"])
     if dev.type == "cpu":
         torch.set_num_threads(1)  # tiny ops: more threads only wait for each other
-    low = cfg["dtype"] == "bfloat16"   # the executor runs float32/64 (exact gradients); cast here
-    spec = HFModel("hf-llama", cfg["hidden"], 1, cfg["microbatch_size"], cfg["seq"], cfg["vocab"],
-                   "float32" if low else cfg["dtype"]).check()
-    model = spec.build(1, 1)
-    if low:
-        for stage in model.stages:
-            stage.to(torch.bfloat16)
+    model = llama_model(cfg)
     layers, _ = profile_layers(model, dev, repeats=cfg["repeats"], warmup=cfg["warmup"])
     block = layers.layers[0]
     out: dict[str, Any] = {
@@ -831,10 +841,7 @@ def profile_block(cfg: dict) -> dict:
         [layers.head.forward, layers.head.backward_input, layers.head.backward_weight],
         "cuda_saved_bytes": None, "cuda_forward_peak_bytes": None}
     if dev.type == "cuda":
-        pieces, _ = layer_pieces(model)
-        blk = next(p for p in pieces if isinstance(p, Blocks)).to(dev)
-        x = torch.randn(cfg["microbatch_size"], cfg["seq"], cfg["hidden"], device=dev, requires_grad=True,
-                        dtype=next(blk.parameters()).dtype)
+        blk, x = block_and_input(model, cfg, dev)
         y = blk(x)   # warm: workspaces and lazily made buffers are allocated before measuring
         y.backward(torch.ones_like(y))
         del y

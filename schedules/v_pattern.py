@@ -453,6 +453,7 @@ def play_ready(ops: Ops, tables: list[list[list[int]]], limit_units: int, caps: 
     distinct play that ends by `cutoff()` (asked again after each yield: a caller
     keeping the fastest lowers it), in no fixed order; the others are left out, as
     `play` gives them None."""
+    # no tables where a screen kept only strict plays
     todo = [(_PlayState(ops), list(range(len(tables))), None)] if tables else []
     while todo:
         st, members, start = todo.pop()
@@ -713,8 +714,6 @@ def _ready_plays(ops: Ops, tables: list, units: int, caps: list[int], count: int
     LOCKSTEP_FROM tables on, all played side by side (`schedules.v_lockstep`), which
     gives the same plays (every one to its end, LOCKSTEP_OPS ops of plays at a time;
     only the `count` fastest are yielded), else `play_ready` (each play dropped once it cannot end by `cutoff()`)."""
-    if not tables:  # every way left after screening plays its block strictly
-        return
     if len(tables) >= LOCKSTEP_FROM:
         best: list[tuple[float, int, list]] = []
         group = max(1, LOCKSTEP_OPS // (6 * ops.p * ops.m))  # plays at once: their arrays hold this many ops

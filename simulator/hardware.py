@@ -28,9 +28,9 @@ adjusted to fit one:
 - `efficiency` = 0.75: the share of the peak FLOP/s a matrix multiplication (a weight
   GEMM, attention's products) reaches. A GEMM alone reaches that share, not the 52 % of
   peak that Megatron-LM reports for a whole training step (Narayanan et al. 2021, which
-  counts everything else in the step too). On one H200 in 2026-11: an 8192^3 bf16
-  product ran at 0.80 of the datasheet peak; the weight-gradient op of Llama blocks, which
-  is GEMMs alone, ran at 0.64-0.80.
+  counts everything else in the step too). On one H200 in 2026-11 the weight-gradient op
+  of five Llama blocks, which is GEMMs alone, ran at 0.62-0.76 of the datasheet peak (the
+  workplace's own note of that machine gives 0.80 for an 8192^3 bf16 product).
 - `memory_efficiency` = 0.3: the share of the HBM bandwidth that memory-bound work (norms,
   activations, residual adds, rotary embeddings) reaches over the bytes the estimate
   counts. This is far below a streaming copy's share, because such ops run as many short
