@@ -1,0 +1,117 @@
+"""Which ops run longer or shorter than predicted, by what ran before them on the core.
+
+Reads the folders `validate A,B,... --out DIR` writes (one `NAME/predicted.json` and
+`NAME/measured.json` per schedule; `validate_many.py --out` keeps one such folder per
+model) and holds every measured op against the same op in the prediction (same rank,
+op, microbatch and virtual stage). Each op is put in one context by the task before it
+on its rank, in the measured order:
+
+- `first`: the step's first op on the rank;
+- `repeat`: the same op kind of the same stage (an F right after an F of that stage);
+- `same`: another op kind of the same stage (an F after that stage's B or BW);
+- `switch`: an op of another stage (the chunks of v = 2 schedules, DualPipe's replicas).
+
+Printed: per schedule and op kind, the median measured / predicted time in each context
+(with the number of ops), pooled over every model found; then each schedule's measured
+op time over predicted against its makespan error, per model. A context whose ratio
+differs from the others' is a property of the op the cost model does not hold.
+
+    python benchmarks/op_context.py DIR [DIR ...]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from pipesched.simulator.metrics import compute_metrics
+from pipesched.simulator.trace import COMPUTE, SPAN_OPS, Trace, TraceError
+
+CONTEXTS = ("first", "repeat", "same", "switch")
+
+
+def run_folders(roots: list[Path]) -> list[Path]:
+    """Every folder under `roots` (themselves included) that holds a predicted and a
+    measured trace."""
+    found = []
+    for root in roots:
+        for measured in sorted(root.rglob("measured.json")):
+            if (measured.parent / "predicted.json").is_file():
+                found.append(measured.parent)
+    return found
+
+
+def op_ratios(predicted: Trace, measured: Trace) -> list[tuple[str, str, float]]:
+    """(op kind, context, measured / predicted seconds) for each measured compute op."""
+    want = {}
+    for s in predicted.spans(COMPUTE):
+        want[(s.rank, s.op, s.mb, s.stage)] = s.end - s.start
+    out = []
+    for rank in range(measured.ranks):
+        before = None
+        for s in sorted(measured.spans(COMPUTE, rank), key=lambda s: s.start):
+            expected = want.get((s.rank, s.op, s.mb, s.stage))
+            if before is None:
+                context = "first"
+            elif before.stage != s.stage:
+                context = "switch"
+            else:
+                context = "repeat" if before.op == s.op else "same"
+            if expected and expected > 0:
+                out.append((s.op, context, (s.end - s.start) / expected))
+            before = s
+    return out
+
+
+def op_time_ratio(predicted: Trace, measured: Trace) -> float:
+    """Measured compute seconds over predicted, over all ranks."""
+    def busy(trace: Trace) -> float:
+        mask = trace.lane == COMPUTE
+        return float((trace.end[mask] - trace.start[mask]).sum())
+
+    return busy(measured) / busy(predicted)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dirs", nargs="+", type=Path, help="folders written by validate --out (searched below)")
+    args = ap.parse_args()
+    folders = run_folders(args.dirs)
+    if not folders:
+        print("op_context: no predicted.json beside a measured.json under " + ", ".join(map(str, args.dirs)),
+              file=sys.stderr)
+        return 2
+    ratios: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    per_model: dict[str, list[str]] = defaultdict(list)
+    for folder in folders:
+        try:
+            predicted, measured = Trace.load(folder / "predicted.json"), Trace.load(folder / "measured.json")
+        except (OSError, TraceError, ValueError) as e:
+            print(f"op_context: {folder}: {e}", file=sys.stderr)
+            return 2
+        name = folder.name
+        for op, context, r in op_ratios(predicted, measured):
+            ratios[(name, op, context)].append(r)
+            ratios[("all", op, context)].append(r)
+        error = compute_metrics(predicted).makespan / compute_metrics(measured).makespan - 1
+        per_model[name].append(f"{op_time_ratio(predicted, measured) - 1:+.1%}/{error:+.1%}")
+    print(f"{len(folders)} runs; measured / predicted op time, median (ops), by what ran before the op on its rank")
+    names = sorted({k[0] for k in ratios} - {"all"}) + ["all"]
+    print(f"{'schedule':18s}{'op':4s}" + "".join(f"{c:>16s}" for c in CONTEXTS))
+    for name in names:
+        for op in SPAN_OPS:
+            cells = [ratios.get((name, op, c)) for c in CONTEXTS]
+            if not any(cells):
+                continue
+            print(f"{name:18s}{op:4s}" + "".join(f"{statistics.median(v):>10.3f} ({len(v):3d})" if v else f"{'-':>16s}"
+                                               for v in cells))
+    print("\nper model: measured op time over predicted / makespan error (predicted / measured - 1)")
+    for name in sorted(per_model):
+        print(f"{name:18s}" + "  ".join(per_model[name]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
