@@ -7,15 +7,24 @@ Printed per model and p: the command's wall time, each schedule's makespan error
 predicted and measured fastest and whether the predicted pick measured within 2 % of the
 fastest, and the largest even-against-odd-steps difference of its runs (the measurement
 against itself). Then per p: median and max |error| over the schedules not used to
-calibrate, over all, the ranking hits, how much slower the predicted pick measured than the
-measured fastest (median and worst: the loss a user who trusts the pick pays) and how often
-the command said its pick was not settled.
+calibrate, over all, and over the calibration's own schedules (1F1B, ZB-H1, ZB-V: each is
+validated in a run of its own beside the calibration's run of it, so their error is how
+well two runs of one schedule in one launch agree, the floor under every other error),
+the ranking hits, how much slower the predicted pick measured than the measured fastest
+(median and worst: the loss a user who trusts the pick pays) and how often the command
+said its pick was not settled.
+
+With --launches N every model is launched N times, the same command each time (launches
+of one model in turn, so they are minutes apart), and the summary adds how far a
+schedule's error moved from one launch to the next and in how many models the measured
+fastest stayed the same: what the machine repeats.
 
 With --step-barrier none each command also runs every schedule's steps back to back and
 compares the period (`validate --step-barrier none`): the period's error is printed beside
 the makespan's, and the ranking (hits, losses) is by period.
 
     python benchmarks/validate_many.py --seed 2037 --models 6 [--ranks 2,4] [--out DIR] [--step-barrier none]
+                                       [--launches 2]
 """
 from __future__ import annotations
 
@@ -47,51 +56,89 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="keep each command's folder here")
     ap.add_argument("--step-barrier", choices=("all", "none"), default="all",
                     help="none: also compare each schedule's period of steps back to back, and rank by it")
+    ap.add_argument("--launches", type=int, default=1, help="launch each model this many times (what repeats)")
     args = ap.parse_args()
+    if not 1 <= args.launches <= 10:
+        ap.error("--launches must be 1..10")
     periods = args.step_barrier == "none"
     out = args.out or Path(tempfile.mkdtemp(prefix="validate-many-"))
     ranks = [int(x) for x in args.ranks.split(",")]
     draws = draw_models(args.seed, args.models, ranks)
-    calibrating = set(CALIBRATION_RUNS) | {OTHER_SPLIT_RUN}
     print(f"seed {args.seed}, {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.2f}")
     for p in ranks:
-        errors, other, hits, walls, losses, unsettled, period_errors = [], [], [], [], [], 0, []
+        docs, walls = {}, []
         for i, draw in enumerate(draws):
-            folder = out / f"p{p}-model{i}"
-            cmd = ["pipesched", "validate", ",".join(SCHEDULES), "-p", str(p), "-m", str(draw.m_per_p[p]),
-                   *model_flags(draw), "--json", "--out", str(folder), "--step-barrier", args.step_barrier]
-            doc, wall = run_json(cmd, f"p={p} model {i}")
-            if doc is None:
-                continue
-            ranking = doc["ranking"]
-            hit = ranking["pick_over_fastest"] <= RANKING_TOLERANCE
-            hits.append(hit)
-            walls.append(wall)
-            losses.append(ranking["pick_over_fastest"])
-            sure = ranking.get("confidence")
-            unsettled += bool(sure and not sure["settled"])
-            errors += [abs(s["makespan_rel_error"]) for s in doc["schedules"]]
-            other += [abs(s["makespan_rel_error"]) for s in doc["schedules"] if s["schedule"] not in calibrating]
-            halves = max(s["measured_halves_apart"] or 0.0 for s in doc["schedules"])
-            if periods:
-                period_errors += [abs(s["period"]["rel_error"]) for s in doc["schedules"]]
-            print(f"p={p} model {i} ({draw.kind} hidden {draw.hidden}, {draw.depth} blocks a rank, microbatch "
-                  f"{draw.microbatch_size}, m {draw.m_per_p[p]}): {wall:.0f} s; errors "
-                  + " ".join(f"{s['schedule']} {100 * s['makespan_rel_error']:+.1f}%"
-                             + (f" (period {100 * s['period']['rel_error']:+.1f}%)" if periods else "")
-                             for s in doc["schedules"])
-                  + f"; fastest predicted {ranking['predicted_fastest']}, measured {ranking['measured_fastest']} "
-                  f"(pick {100 * ranking['pick_over_fastest']:+.1f} %: {'right' if hit else 'WRONG'}); "
-                  f"halves apart up to {100 * halves:.1f} %", flush=True)
-        if errors:
-            print(f"p={p}: other schedules median {100 * statistics.median(other):.2f} %, max {100 * max(other):.2f} %; "
-                  f"all median {100 * statistics.median(errors):.2f} %; fastest right {sum(hits)}/{len(hits)}; "
-                  f"the pick measured over the fastest: median {100 * statistics.median(losses):.2f} %, worst "
-                  f"{100 * max(losses):.2f} %; picks the command called not settled {unsettled}/{len(losses)}; "
-                  f"wall median {statistics.median(walls):.0f} s (runs kept in {out})"
-                  + (f"; period error median {100 * statistics.median(period_errors):.2f} %, max "
-                     f"{100 * max(period_errors):.2f} % (ranked by period)" if period_errors else ""))
+            for k in range(args.launches):
+                folder = out / (f"p{p}-model{i}" + (f"-launch{k}" if args.launches > 1 else ""))
+                cmd = ["pipesched", "validate", ",".join(SCHEDULES), "-p", str(p), "-m", str(draw.m_per_p[p]),
+                       *model_flags(draw), "--json", "--out", str(folder), "--step-barrier", args.step_barrier]
+                label = f"p={p} model {i}" + (f" launch {k}" if args.launches > 1 else "")
+                doc, wall = run_json(cmd, label)
+                if doc is None:
+                    continue
+                docs[(i, k)] = doc
+                walls.append(wall)
+                print_launch(label, draw, p, doc, wall, periods)
+        if docs:
+            summarize(p, docs, walls, periods, out)
     return 0
+
+
+def print_launch(label: str, draw, p: int, doc: dict, wall: float, periods: bool) -> None:
+    """One line: the model, each schedule's error, the ranking and the runs' halves."""
+    ranking = doc["ranking"]
+    hit = ranking["pick_over_fastest"] <= RANKING_TOLERANCE
+    halves = max(s["measured_halves_apart"] or 0.0 for s in doc["schedules"])
+    print(f"{label} ({draw.kind} hidden {draw.hidden}, {draw.depth} blocks a rank, microbatch "
+          f"{draw.microbatch_size}, m {draw.m_per_p[p]}): {wall:.0f} s; errors "
+          + " ".join(f"{s['schedule']} {100 * s['makespan_rel_error']:+.1f}%"
+                     + (f" (period {100 * s['period']['rel_error']:+.1f}%)" if periods else "")
+                     for s in doc["schedules"])
+          + f"; fastest predicted {ranking['predicted_fastest']}, measured {ranking['measured_fastest']} "
+          f"(pick {100 * ranking['pick_over_fastest']:+.1f} %: {'right' if hit else 'WRONG'}); "
+          f"halves apart up to {100 * halves:.1f} %", flush=True)
+
+
+def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], periods: bool, out: Path) -> None:
+    """The per-p summary over every launch (module docstring)."""
+    calibrating = set(CALIBRATION_RUNS) | {OTHER_SPLIT_RUN}
+    rows = [(key, s) for key, doc in docs.items() for s in doc["schedules"]]
+    errors = [abs(s["makespan_rel_error"]) for _, s in rows]
+    other = [abs(s["makespan_rel_error"]) for _, s in rows if s["schedule"] not in calibrating]
+    again = [abs(s["makespan_rel_error"]) for _, s in rows if s["schedule"] in calibrating]
+    losses = [doc["ranking"]["pick_over_fastest"] for doc in docs.values()]
+    hits = sum(loss <= RANKING_TOLERANCE for loss in losses)
+    unsettled = sum(bool(doc["ranking"].get("confidence") and not doc["ranking"]["confidence"]["settled"])
+                    for doc in docs.values())
+
+    def median_max(values: list[float]) -> str:
+        return f"median {100 * statistics.median(values):.2f} %, max {100 * max(values):.2f} %" if values else "none"
+
+    line = (f"p={p}: other schedules {median_max(other)}; all median {100 * statistics.median(errors):.2f} %; "
+            f"the calibration's own schedules run again beside it {median_max(again)}; "
+            f"fastest right {hits}/{len(losses)}; "
+            f"the pick measured over the fastest: median {100 * statistics.median(losses):.2f} %, worst "
+            f"{100 * max(losses):.2f} %; picks the command called not settled {unsettled}/{len(losses)}; "
+            f"wall median {statistics.median(walls):.0f} s (runs kept in {out})")
+    if periods:
+        period_errors = [abs(s["period"]["rel_error"]) for _, s in rows]
+        line += f"; period error {median_max(period_errors)} (ranked by period)"
+    print(line)
+    moved, same_fastest, models = [], 0, 0
+    for i in sorted({i for i, _ in docs}):
+        launches = [docs[key] for key in sorted(docs) if key[0] == i]
+        if len(launches) < 2:
+            continue
+        models += 1
+        same_fastest += len({d["ranking"]["measured_fastest"] for d in launches}) == 1
+        for a, b in zip(launches, launches[1:]):
+            first = {s["schedule"]: s["makespan_rel_error"] for s in a["schedules"]}
+            moved += [abs(s["makespan_rel_error"] - first[s["schedule"]]) for s in b["schedules"]
+                      if s["schedule"] in first]
+    if moved:
+        print(f"p={p}, the same models launched again: a schedule's error moved by median "
+              f"{100 * statistics.median(moved):.2f} points, max {100 * max(moved):.2f} ({len(moved)} pairs); the measured fastest the same in every launch "
+              f"in {same_fastest} of {models} models")
 
 
 if __name__ == "__main__":
