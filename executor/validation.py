@@ -125,6 +125,17 @@ class Validation:
         return self.predicted_period / measured - 1
 
     @property
+    def calibration_run_apart(self) -> float | None:
+        """Where calibration also ran this schedule (at this split) in the same launch:
+        this run's typical step over the calibration run's, - 1 (how well two runs of
+        one schedule agree here); None otherwise."""
+        typical = (self.costs.meta.get("from_runs") or {}).get("typical_steps") or {}
+        split, seconds = typical.get(self.measured.schedule, (None, None))
+        if split is None or split != self.measured.meta.get("model_stages") or not seconds:
+            return None
+        return measured_makespan(self.measured, self.costs.data_parallel.degree) / seconds - 1
+
+    @property
     def shared(self) -> bool:
         """Whether the ranks asked for more processors than the host has (the simulation
         shares them; timings on dedicated hardware will differ)."""
@@ -185,6 +196,7 @@ class Validation:
             "step_times": self.run.step_times, "measured_makespans": steps,
             "measured_steps_spread": relative_iqr(steps) if len(steps) > 1 else None,
             "measured_halves_apart": halves_apart(steps, replicas),
+            "calibration_run_apart": self.calibration_run_apart,
             "max_grad_rel_error": None if self.run.check is None else self.run.check.max_grad_rel_error,
             "loss_matches_reference": None if self.run.check is None else self.run.check.loss_matches,
             "warnings": self.warnings(),

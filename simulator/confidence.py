@@ -9,7 +9,9 @@ default prediction (op times from runs) per schedule on models drawn fresh (seed
 2026-11-27, `benchmarks/accuracy_random.py`): p = 2 has a core per rank, p = 4 two ranks
 a core. A schedule not in the table (V-Half, V-Min, zb-auto, a file) gets the largest
 error of the two-chunk schedules. A pick whose predicted lead over a runner-up is within
-the larger of their known errors is not settled by the prediction: measure both.
+the larger of their known errors is not settled by the prediction: measure both. Where a
+launch measured one schedule twice (`validate` runs its calibration's schedules again),
+how far those two runs were apart is a floor under every error of that launch.
 
     | schedule         | own cores | shared cores |
     |------------------|-----------|--------------|
@@ -47,7 +49,8 @@ class Confidence:
     """The predicted pick against its runners-up. `gap`: how much longer (fraction) the
     second-fastest is predicted than the pick; `error`: the larger known error of the two;
     `settled`: gap > error; `to_measure`: the pick and every schedule whose predicted lead
-    over it is within their larger known error, fastest predicted first."""
+    over it is within their larger known error, fastest predicted first; `floor`: the
+    launch's own repeatability every error was raised to (0: none given)."""
 
     pick: str
     runner_up: str | None
@@ -55,30 +58,35 @@ class Confidence:
     error: float
     settled: bool
     to_measure: tuple[str, ...]
+    floor: float = 0.0
 
     def to_dict(self) -> dict:
         return {"pick": self.pick, "runner_up": self.runner_up, "gap": self.gap, "error": self.error,
-                "settled": self.settled, "to_measure": list(self.to_measure)}
+                "settled": self.settled, "to_measure": list(self.to_measure), "floor": self.floor}
 
 
-def pick_confidence(predicted: dict[str, float], shared_cores: bool = False) -> Confidence:
+def pick_confidence(predicted: dict[str, float], shared_cores: bool = False, floor: float = 0.0) -> Confidence:
     """How sure the pick among `predicted` (schedule name -> predicted makespan, seconds,
-    all positive) is; ValueError for an empty or non-positive input."""
+    all positive) is; `floor` (a fraction >= 0): how far two runs of one schedule in the
+    same launch were apart, the least any error is taken to be. ValueError for an empty
+    or non-positive input or a bad floor."""
     if not predicted:
         raise ValueError("no predicted makespans to rank")
     if any(not t > 0 for t in predicted.values()):
         raise ValueError(f"predicted makespans must be positive seconds, got {predicted}")
+    if not 0 <= floor < float("inf"):
+        raise ValueError(f"floor must be a finite fraction >= 0, got {floor!r}")
     order = sorted(predicted, key=predicted.__getitem__)
     pick = order[0]
     if len(order) == 1:
-        return Confidence(pick, None, float("inf"), known_error(pick, shared_cores), True, (pick,))
+        return Confidence(pick, None, float("inf"), max(floor, known_error(pick, shared_cores)), True, (pick,), floor)
 
     def error(name: str) -> float:
-        return max(known_error(pick, shared_cores), known_error(name, shared_cores))
+        return max(floor, known_error(pick, shared_cores), known_error(name, shared_cores))
 
     def lead(name: str) -> float:
         return predicted[name] / predicted[pick] - 1
 
     close = tuple(n for n in order[1:] if lead(n) <= error(n))
     runner = order[1]
-    return Confidence(pick, runner, lead(runner), error(runner), lead(runner) > error(runner), (pick, *close))
+    return Confidence(pick, runner, lead(runner), error(runner), lead(runner) > error(runner), (pick, *close), floor)

@@ -161,11 +161,23 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
                 for k, solo in enumerate(base.model_stages))
     meta = {**base.meta, "from_runs": {"schedules": list(dict.fromkeys(s.name for s, _ in runs)), "steps": len(runs),
                                        "spread": spread, "samples": int(sum(len(v) for v in samples)),
-                                       "dedicated": dedicated}}
+                                       "dedicated": dedicated, "typical_steps": run_typical_steps(runs)}}
     host = replace(sharing, interference=0.0, host_time_first=True) if dedicated else None
     out = replace(base, stages=new[:1], model_stages=new, host=host, fixed_op_times=fixed, meta=meta).check()
     out = _host_time_from(out, runs) if host_time and not dedicated else out
     return with_step_residual(out, runs) if residual else out
+
+
+def run_typical_steps(runs: Sequence[tuple[Schedule, Trace]]) -> dict[str, list]:
+    """Per calibration run (by schedule name): [its model stages, its typical step in
+    seconds] (`typical_step` over its steps' makespans): what a validated run of the same
+    schedule is held against to say how well two runs of one schedule agree."""
+    steps: dict[str, tuple[int, int, list[float]]] = {}
+    for schedule, trace in runs:
+        replicas = trace.meta.get("data_parallel", {}).get("degree", 1)
+        entry = steps.setdefault(schedule.name, (schedule.num_model_stages, replicas, []))
+        entry[2].append(compute_metrics(trace).makespan)
+    return {name: [split, typical_step(makespans, replicas)] for name, (split, replicas, makespans) in steps.items()}
 
 
 def with_step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:

@@ -35,3 +35,15 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError):
         pick_confidence({"1f1b": 0.0, "zb-h1": 1.0})
     assert pick_confidence({"1f1b": 2.0}).settled
+
+
+def test_a_launchs_own_floor_raises_every_error():
+    # two runs of one schedule in the launch were 9 % apart: a 5 % lead no longer settles it
+    predicted = {"zb-h1": 1.0, "1f1b": 1.05, "gpipe": 1.30}
+    assert pick_confidence(predicted).settled
+    sure = pick_confidence(predicted, floor=0.09)
+    assert not sure.settled and sure.error == pytest.approx(0.09) and sure.to_measure == ("zb-h1", "1f1b")
+    assert sure.to_dict()["floor"] == 0.09 and pick_confidence(predicted).to_dict()["floor"] == 0.0
+    for bad in (-0.01, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="floor must be a finite fraction"):
+            pick_confidence(predicted, floor=bad)

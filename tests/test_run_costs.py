@@ -330,3 +330,16 @@ def test_a_calibration_run_that_switches_stages_is_read_as_the_ops_own_time():
     schedule, trace = run_of("dualpipe", truth)
     got = costs_from_runs(replace(SOLO, stage_switch=truth.stage_switch), [(schedule, trace)], residual=False)
     assert [s.forward for s in got.model_stages] == pytest.approx([2.0, 2.5])
+
+
+def test_each_calibration_runs_typical_step_is_kept_for_a_second_run_of_it():
+    runs = [run_of(name, TRUTH) for name in ("1f1b", "zb-h1", "zb-v")]
+    got = costs_from_runs(SOLO, runs, residual=False)
+    want = {s.name: [s.num_model_stages, compute_metrics(t).makespan] for s, t in runs}
+    assert got.meta["from_runs"]["typical_steps"] == pytest.approx(want)
+    # the median over a run's steps
+    schedule, trace = runs[0]
+    slow = replace(trace, end=trace.end * 1.5)
+    steps = costs_from_runs(SOLO, [(schedule, trace), (schedule, slow), (schedule, trace)] + runs[1:],
+                            residual=False).meta["from_runs"]["typical_steps"]
+    assert steps["1f1b"] == pytest.approx([2, compute_metrics(trace).makespan])

@@ -65,6 +65,9 @@ def test_validate_reports_predicted_against_measured(tmp_path):
     assert (tmp_path / "validate.png").stat().st_size > 10_000
     costs = load(tmp_path / "costs.json")
     assert len(costs.model_stages) == 2 and costs.model_stages[0].activation_bytes == 32 * 256 * 4
+    # ZB-H1 is also one of the calibration's runs: this run against that one, two runs of one schedule
+    split, seconds = costs.meta["from_runs"]["typical_steps"]["zb-h1"]
+    assert split == 2 and doc["calibration_run_apart"] == pytest.approx(doc["measured"]["makespan"] / seconds - 1)
     # the cost file drives the simulator as any other
     sim = pipesched("simulate", "zb-h1", "-p", "2", "-m", "8", "--costs", str(tmp_path / "costs.json"), "--json")
     assert sim.returncode == 0, sim.stderr
@@ -174,6 +177,15 @@ def test_validate_several_schedules_from_one_calibration(tmp_path):
     # one cost model for all: every schedule's saved costs are the same calibration
     costs = [load(tmp_path / name / "costs.json") for name in predicted]
     assert costs[0] == costs[1] == costs[2] and len(costs[0].model_stages) == 2
+    # all three were also calibration runs (ZB-V at the other split): each measured twice in
+    # this launch, and the further apart of those pairs is a floor under the pick's error
+    typical = costs[0].meta["from_runs"]["typical_steps"]
+    assert {name: split for name, (split, _) in typical.items()} == {"1f1b": 2, "zb-h1": 2, "zb-v": 4}
+    again = ranking["measured_again"]
+    assert again == pytest.approx({name: measured[name] / typical[name][1] - 1 for name in measured})
+    assert sure["floor"] == pytest.approx(max(abs(v) for v in again.values())) and sure["error"] >= sure["floor"]
+    assert "measured again: 1f1b " in pipesched("validate", "1f1b,zb-h1", "-p", "2", "-m", "4", *SMALL, "--steps",
+                                                "2", "--warmup", "1", "--out", str(tmp_path / "text")).stdout
 
 
 def test_validate_without_a_barrier_compares_and_ranks_by_period(tmp_path):

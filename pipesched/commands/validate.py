@@ -123,6 +123,9 @@ def print_report(s: dict, costs, replay: bool = False) -> None:
         print(f"measured over {len(s['measured_makespans'])} steps: spread {100 * s['measured_steps_spread']:.1f} % "
               f"(IQR / median); even and odd steps' {'means' if s.get('data_parallel') else 'medians'} "
               f"{100 * s['measured_halves_apart']:.1f} % apart (the measurement against itself)")
+    if s.get("calibration_run_apart") is not None:
+        print(f"measured again: calibration ran {printable(s['schedule'])} too; this run's step "
+              f"{fmt_rel(s['calibration_run_apart'])} against that run's (two runs of one schedule)")
     print(f"{'rank':>4}  {'bubble pred':>11}  {'meas':>7}  {'diff':>8}  {'peak mem pred':>13}  {'meas':>10}  "
           f"{'error':>9}  {'params pred':>11}  {'meas':>10}")
     for r in s["per_rank"]:

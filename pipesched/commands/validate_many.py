@@ -104,11 +104,14 @@ def ranking_of(summaries: list[dict], shared_cores: bool = False, gpu: bool = Fa
     measured = {s["schedule"]: time_of(s, "measured") for s in summaries}
     predicted = {s["schedule"]: time_of(s, "predicted") for s in summaries}
     predicted_order, measured_order = order("predicted"), order("measured")
-    confidence = None if gpu else pick_confidence(predicted, shared_cores).to_dict()
+    again = {s["schedule"]: s["calibration_run_apart"] for s in summaries
+             if by == "makespan" and s.get("calibration_run_apart") is not None}
+    floor = max((abs(v) for v in again.values()), default=0.0)
+    confidence = None if gpu else pick_confidence(predicted, shared_cores, floor).to_dict()
     return {"predicted": predicted_order, "measured": measured_order,
             "predicted_fastest": predicted_order[0], "measured_fastest": measured_order[0],
             "pick_over_fastest": measured[predicted_order[0]] / measured[measured_order[0]] - 1,
-            "confidence": confidence, "shared_cores": shared_cores, "by": by}
+            "confidence": confidence, "shared_cores": shared_cores, "by": by, "measured_again": again}
 
 
 def confidence_line(ranking: dict) -> str:
@@ -122,6 +125,10 @@ def confidence_line(ranking: dict) -> str:
     head = (f"how sure: {printable(c['pick'])} predicted {100 * c['gap']:.1f} % ahead of "
             f"{printable(c['runner_up'])}; their predictions are known to miss by up to {100 * c['error']:.1f} % "
             f"(75th percentile, CPUs, {where})")
+    if c.get("floor") and c["floor"] >= c["error"]:  # this launch's two runs of one schedule: further apart
+        head = (f"how sure: {printable(c['pick'])} predicted {100 * c['gap']:.1f} % ahead of "
+                f"{printable(c['runner_up'])}; two runs of one schedule in this launch were {100 * c['floor']:.1f} % "
+                f"apart, more than their predictions are known to miss ({where})")
     if c["settled"]:
         return head + ": the prediction settles it"
     return head + ": not settled by the prediction; measure " + ", ".join(printable(n) for n in c["to_measure"])
@@ -146,8 +153,12 @@ def print_table(summaries: list[dict], ranking: dict) -> None:
     print(f"fastest predicted: {printable(pick)}; measured: {printable(best)}"
           + ("" if pick == best else f" (the predicted pick measured {100 * ranking['pick_over_fastest']:.1f} % longer)"))
     print(confidence_line(ranking))
-    print("note: two schedules whose measured makespans differ by less than their runs' halves are apart "
-          "are within this machine's noise")
+    again = ranking.get("measured_again") or {}
+    if again:
+        print("measured again: " + ", ".join(f"{printable(n)} {fmt_rel(v)}" for n, v in again.items())
+              + " against the calibration's own run of it in this launch (two runs of one schedule)")
+    print("note: two schedules whose measured makespans differ by less than their runs' halves are apart, "
+          "or than two runs of one schedule, are within this machine's noise")
 
 
 def _folder_name(name: str, index: int) -> str:
