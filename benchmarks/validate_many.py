@@ -95,8 +95,18 @@ def print_launch(label: str, draw, p: int, doc: dict, wall: float, periods: bool
                      + (f" (period {100 * s['period']['rel_error']:+.1f}%)" if periods else "")
                      for s in doc["schedules"])
           + f"; fastest predicted {ranking['predicted_fastest']}, measured {ranking['measured_fastest']} "
-          f"(pick {100 * ranking['pick_over_fastest']:+.1f} %: {'right' if hit else 'WRONG'}); "
+          f"(pick {100 * ranking['pick_over_fastest']:+.1f} %: {'right' if hit else 'WRONG'}{settled_note(ranking)}); "
           f"halves apart up to {100 * halves:.1f} %", flush=True)
+
+
+def settled_note(ranking: dict) -> str:
+    """', not settled' where the command said so, with the launch's floor where it set the error."""
+    sure = ranking.get("confidence")
+    if not sure or sure["settled"]:
+        return ""
+    floor = sure.get("floor") or 0.0
+    apart = f" (two runs of one schedule {100 * floor:.1f} % apart)" if floor >= sure["error"] else ""
+    return ", not settled" + apart
 
 
 def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], periods: bool, out: Path) -> None:
@@ -137,8 +147,8 @@ def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], per
                       if s["schedule"] in first]
     if moved:
         print(f"p={p}, the same models launched again: a schedule's error moved by median "
-              f"{100 * statistics.median(moved):.2f} points, max {100 * max(moved):.2f} ({len(moved)} pairs); the measured fastest the same in every launch "
-              f"in {same_fastest} of {models} models")
+              f"{100 * statistics.median(moved):.2f} points, max {100 * max(moved):.2f} ({len(moved)} pairs); "
+              f"the measured fastest the same in every launch in {same_fastest} of {models} models")
 
 
 if __name__ == "__main__":
