@@ -104,18 +104,17 @@ def settled_note(ranking: dict) -> str:
     sure = ranking.get("confidence")
     if not sure or sure["settled"]:
         return ""
-    floor = sure.get("floor") or 0.0
-    apart = f" (two runs of one schedule {100 * floor:.1f} % apart)" if floor >= sure["error"] else ""
-    return ", not settled" + apart
+    return ", not settled" + (f" (two runs of one schedule {100 * sure['floor']:.1f} % apart)"
+                              if sure["by_floor"] else "")
 
 
 def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], periods: bool, out: Path) -> None:
     """The per-p summary over every launch (module docstring)."""
     calibrating = set(CALIBRATION_RUNS) | {OTHER_SPLIT_RUN}
-    rows = [(key, s) for key, doc in docs.items() for s in doc["schedules"]]
-    errors = [abs(s["makespan_rel_error"]) for _, s in rows]
-    other = [abs(s["makespan_rel_error"]) for _, s in rows if s["schedule"] not in calibrating]
-    again = [abs(s["makespan_rel_error"]) for _, s in rows if s["schedule"] in calibrating]
+    rows = [s for doc in docs.values() for s in doc["schedules"]]
+    errors = [abs(s["makespan_rel_error"]) for s in rows]
+    other = [abs(s["makespan_rel_error"]) for s in rows if s["schedule"] not in calibrating]
+    again = [abs(s["makespan_rel_error"]) for s in rows if s["schedule"] in calibrating]
     losses = [doc["ranking"]["pick_over_fastest"] for doc in docs.values()]
     hits = sum(loss <= RANKING_TOLERANCE for loss in losses)
     unsettled = sum(bool(doc["ranking"].get("confidence") and not doc["ranking"]["confidence"]["settled"])
@@ -131,7 +130,7 @@ def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], per
             f"{100 * max(losses):.2f} %; picks the command called not settled {unsettled}/{len(losses)}; "
             f"wall median {statistics.median(walls):.0f} s (runs kept in {out})")
     if periods:
-        period_errors = [abs(s["period"]["rel_error"]) for _, s in rows]
+        period_errors = [abs(s["period"]["rel_error"]) for s in rows]
         line += f"; period error {median_max(period_errors)} (ranked by period)"
     print(line)
     moved, same_fastest, models = [], 0, 0

@@ -60,9 +60,15 @@ class Confidence:
     to_measure: tuple[str, ...]
     floor: float = 0.0
 
+    @property
+    def by_floor(self) -> bool:
+        """Whether the launch's floor, not the known errors, set `error`."""
+        return self.floor > 0 and self.floor >= self.error
+
     def to_dict(self) -> dict:
         return {"pick": self.pick, "runner_up": self.runner_up, "gap": self.gap, "error": self.error,
-                "settled": self.settled, "to_measure": list(self.to_measure), "floor": self.floor}
+                "settled": self.settled, "to_measure": list(self.to_measure), "floor": self.floor,
+                "by_floor": self.by_floor}
 
 
 def pick_confidence(predicted: dict[str, float], shared_cores: bool = False, floor: float = 0.0) -> Confidence:

@@ -168,16 +168,23 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
     return with_step_residual(out, runs) if residual else out
 
 
+def _steps_by_run(runs: Sequence[tuple[Schedule, Trace]]) -> dict[str, tuple[Schedule, Trace, int, list[float]]]:
+    """Per run (by schedule name): (its schedule, its first trace, its data-parallel
+    replicas, every step's makespan in seconds); empty traces left out."""
+    steps: dict[str, tuple[Schedule, Trace, int, list[float]]] = {}
+    for schedule, trace in runs:
+        if len(trace):
+            replicas = trace.meta.get("data_parallel", {}).get("degree", 1)
+            steps.setdefault(schedule.name, (schedule, trace, replicas, []))[3].append(compute_metrics(trace).makespan)
+    return steps
+
+
 def run_typical_steps(runs: Sequence[tuple[Schedule, Trace]]) -> dict[str, list]:
     """Per calibration run (by schedule name): [its model stages, its typical step in
     seconds] (`typical_step` over its steps' makespans): what a validated run of the same
     schedule is held against to say how well two runs of one schedule agree."""
-    steps: dict[str, tuple[int, int, list[float]]] = {}
-    for schedule, trace in runs:
-        replicas = trace.meta.get("data_parallel", {}).get("degree", 1)
-        entry = steps.setdefault(schedule.name, (schedule.num_model_stages, replicas, []))
-        entry[2].append(compute_metrics(trace).makespan)
-    return {name: [split, typical_step(makespans, replicas)] for name, (split, replicas, makespans) in steps.items()}
+    return {name: [schedule.num_model_stages, typical_step(makespans, replicas)]
+            for name, (schedule, _, replicas, makespans) in _steps_by_run(runs).items()}
 
 
 def with_step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> CostModel:
@@ -195,13 +202,11 @@ def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> f
     over the schedules; 1 with no run to read. Only runs at the split of
     `costs.model_stages` and with as many data-parallel replicas as `costs` count."""
     replicas = costs.data_parallel.degree
-    steps: dict[str, tuple[Schedule, Trace, list[float]]] = {}
-    for schedule, trace in runs:
-        if (schedule.num_model_stages == len(costs.model_stages or costs.stages) and len(trace)
-                and trace.meta.get("data_parallel", {}).get("degree", 1) == replicas):
-            steps.setdefault(schedule.name, (schedule, trace, []))[2].append(compute_metrics(trace).makespan)
+    split = len(costs.model_stages or costs.stages)
     ratios = []
-    for schedule, trace, makespans in steps.values():
+    for schedule, trace, degree, makespans in _steps_by_run(runs).values():
+        if schedule.num_model_stages != split or degree != replicas:
+            continue
         here = replace(costs, recv_lookahead=trace.meta.get("recv_lookahead", costs.recv_lookahead))
         predicted = compute_metrics(simulate(validate(schedule), here)).makespan
         if predicted > 0:

@@ -43,7 +43,22 @@ def test_a_launchs_own_floor_raises_every_error():
     assert pick_confidence(predicted).settled
     sure = pick_confidence(predicted, floor=0.09)
     assert not sure.settled and sure.error == pytest.approx(0.09) and sure.to_measure == ("zb-h1", "1f1b")
-    assert sure.to_dict()["floor"] == 0.09 and pick_confidence(predicted).to_dict()["floor"] == 0.0
+    assert sure.to_dict()["floor"] == 0.09 and sure.by_floor
+    assert pick_confidence(predicted).to_dict()["floor"] == 0.0 and not pick_confidence(predicted).by_floor
+    assert not pick_confidence(predicted, floor=0.01).by_floor  # under the known 2.8 %: the record decides
     for bad in (-0.01, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="floor must be a finite fraction"):
             pick_confidence(predicted, floor=bad)
+
+
+def test_the_line_names_the_launchs_floor_where_it_decides():
+    from pipesched.commands.validate_many import confidence_line
+
+    def line(floor: float) -> str:
+        return confidence_line({"confidence": pick_confidence({"dualpipe": 1.0, "1f1b": 1.09}, False, floor).to_dict(),
+                                "shared_cores": False})
+
+    assert line(0.0).endswith("known to miss by up to 8.4 % (75th percentile, CPUs, a core per rank): "
+                              "the prediction settles it")
+    assert "two runs of one schedule in this launch were 11.2 % apart" in line(0.112)
+    assert line(0.112).endswith("not settled by the prediction; measure dualpipe, 1f1b")

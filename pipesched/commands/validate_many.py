@@ -122,13 +122,13 @@ def confidence_line(ranking: dict) -> str:
     if c["runner_up"] is None:
         return "how sure: one schedule, nothing to choose"
     where = "ranks sharing cores" if ranking["shared_cores"] else "a core per rank"
+    if c["by_floor"]:
+        miss = (f"two runs of one schedule in this launch were {100 * c['floor']:.1f} % apart, more than their "
+                f"predictions are known to miss ({where})")
+    else:
+        miss = f"their predictions are known to miss by up to {100 * c['error']:.1f} % (75th percentile, CPUs, {where})"
     head = (f"how sure: {printable(c['pick'])} predicted {100 * c['gap']:.1f} % ahead of "
-            f"{printable(c['runner_up'])}; their predictions are known to miss by up to {100 * c['error']:.1f} % "
-            f"(75th percentile, CPUs, {where})")
-    if c.get("floor") and c["floor"] >= c["error"]:  # this launch's two runs of one schedule: further apart
-        head = (f"how sure: {printable(c['pick'])} predicted {100 * c['gap']:.1f} % ahead of "
-                f"{printable(c['runner_up'])}; two runs of one schedule in this launch were {100 * c['floor']:.1f} % "
-                f"apart, more than their predictions are known to miss ({where})")
+            f"{printable(c['runner_up'])}; {miss}")
     if c["settled"]:
         return head + ": the prediction settles it"
     return head + ": not settled by the prediction; measure " + ", ".join(printable(n) for n in c["to_measure"])
