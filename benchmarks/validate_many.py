@@ -24,7 +24,12 @@ compares the period (`validate --step-barrier none`): the period's error is prin
 the makespan's, and the ranking (hits, losses) is by period.
 
     python benchmarks/validate_many.py --seed 2037 --models 6 [--ranks 2,4] [--out DIR] [--step-barrier none]
-                                       [--launches 2]
+                                       [--launches 2] [--steps 40]
+
+With --steps N every run (the schedules' and the calibration's, which take as many steps
+as the runs beside them) measures N steps: a step here spreads 11-15 % (IQR over median)
+whatever its length, so the median of ten is known to a few percent, and the errors above
+are partly the measurement's own.
 """
 from __future__ import annotations
 
@@ -57,14 +62,19 @@ def main() -> int:
     ap.add_argument("--step-barrier", choices=("all", "none"), default="all",
                     help="none: also compare each schedule's period of steps back to back, and rank by it")
     ap.add_argument("--launches", type=int, default=1, help="launch each model this many times (what repeats)")
+    ap.add_argument("--steps", type=int, help="measured steps of every run (validate's --steps; default its own): "
+                                              "more steps, a median nearer the run's own")
     args = ap.parse_args()
     if not 1 <= args.launches <= 10:
         ap.error("--launches must be 1..10")
+    if args.steps is not None and args.steps < 1:
+        ap.error("--steps must be at least 1")
     periods = args.step_barrier == "none"
     out = args.out or Path(tempfile.mkdtemp(prefix="validate-many-"))
     ranks = [int(x) for x in args.ranks.split(",")]
     draws = draw_models(args.seed, args.models, ranks)
-    print(f"seed {args.seed}, {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.2f}")
+    print(f"seed {args.seed}, {os.cpu_count()} cores, load average at start {os.getloadavg()[0]:.2f}, "
+          f"{args.steps or 'the command default'} measured steps a run")
     for p in ranks:
         docs, walls = {}, []
         for i, draw in enumerate(draws):
@@ -72,6 +82,7 @@ def main() -> int:
                 folder = out / (f"p{p}-model{i}" + (f"-launch{k}" if args.launches > 1 else ""))
                 cmd = ["pipesched", "validate", ",".join(SCHEDULES), "-p", str(p), "-m", str(draw.m_per_p[p]),
                        *model_flags(draw), "--json", "--out", str(folder), "--step-barrier", args.step_barrier]
+                cmd += ["--steps", str(args.steps)] if args.steps else []
                 label = f"p={p} model {i}" + (f" launch {k}" if args.launches > 1 else "")
                 doc, wall = run_json(cmd, label)
                 if doc is None:
