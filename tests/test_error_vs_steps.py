@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import subprocess
 import sys
