@@ -11,8 +11,10 @@ calibrate, over all, and over the calibration's own schedules (1F1B, ZB-H1, ZB-V
 validated in a run of its own beside the calibration's run of it, so their error is how
 well two runs of one schedule in one launch agree, the floor under every other error),
 the ranking hits, how much slower the predicted pick measured than the measured fastest
-(median and worst: the loss a user who trusts the pick pays) and how often the command
-said its pick was not settled.
+(median and worst: the loss a user who trusts the pick pays), how often the command
+said its pick was not settled and the worst loss of the picks it called settled, and the
+loss of a user who follows the command: its pick where settled, else the fastest
+measured of the schedules it said to measure.
 
 With --launches N every model is launched N times, the same command each time (launches
 of one model in turn, so they are minutes apart), and the summary adds how far a
@@ -110,6 +112,21 @@ def print_launch(label: str, draw, p: int, doc: dict, wall: float, periods: bool
           f"halves apart up to {100 * halves:.1f} %", flush=True)
 
 
+def advised_loss(doc: dict) -> tuple[bool, float]:
+    """(whether the command called its pick settled, how much slower than the measured
+    fastest the schedule a user who follows it ends with measured): the pick where
+    settled, else the fastest measured of the schedules it said to measure."""
+    ranking = doc["ranking"]
+    sure = ranking.get("confidence")
+    if not sure or sure["settled"]:
+        return True, ranking["pick_over_fastest"]
+    by = ranking.get("by", "makespan")
+    measured = {s["schedule"]: s["period"]["measured"] if by == "period" else s["measured"]["makespan"]
+                for s in doc["schedules"]}
+    chosen = min(sure["to_measure"], key=measured.__getitem__)
+    return False, measured[chosen] / measured[ranking["measured_fastest"]] - 1
+
+
 def settled_note(ranking: dict) -> str:
     """', not settled' where the command said so, with the launch's floor where it set the error."""
     sure = ranking.get("confidence")
@@ -128,8 +145,10 @@ def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], per
     again = [abs(s["makespan_rel_error"]) for s in rows if s["schedule"] in calibrating]
     losses = [doc["ranking"]["pick_over_fastest"] for doc in docs.values()]
     hits = sum(loss <= RANKING_TOLERANCE for loss in losses)
-    unsettled = sum(bool(doc["ranking"].get("confidence") and not doc["ranking"]["confidence"]["settled"])
-                    for doc in docs.values())
+    advised = [advised_loss(doc) for doc in docs.values()]
+    settled = [loss for sure, loss in advised if sure]
+    unsettled = len(advised) - len(settled)
+    followed = [loss for _, loss in advised]
 
     def median_max(values: list[float]) -> str:
         return f"median {100 * statistics.median(values):.2f} %, max {100 * max(values):.2f} %" if values else "none"
@@ -138,7 +157,10 @@ def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], per
             f"the calibration's own schedules run again beside it {median_max(again)}; "
             f"fastest right {hits}/{len(losses)}; "
             f"the pick measured over the fastest: median {100 * statistics.median(losses):.2f} %, worst "
-            f"{100 * max(losses):.2f} %; picks the command called not settled {unsettled}/{len(losses)}; "
+            f"{100 * max(losses):.2f} %; picks the command called not settled {unsettled}/{len(losses)} "
+            f"(the settled ones' loss worst {100 * max(settled, default=0.0):.2f} %); following the command "
+            f"(its pick where settled, else the fastest measured of those it named): loss median "
+            f"{100 * statistics.median(followed):.2f} %, worst {100 * max(followed):.2f} %; "
             f"wall median {statistics.median(walls):.0f} s (runs kept in {out})")
     if periods:
         period_errors = [abs(s["period"]["rel_error"]) for s in rows]

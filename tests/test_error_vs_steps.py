@@ -1,7 +1,6 @@
 """benchmarks/error_vs_steps.py: a makespan error against the median of fewer steps."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -14,10 +13,10 @@ from pipesched.schedules.registry import build
 from pipesched.simulator.api import simulate
 from pipesched.simulator.costs import CostModel, StageCost
 
+from helpers import benchmark_module
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "error_vs_steps.py"
-spec = importlib.util.spec_from_file_location("error_vs_steps", SCRIPT)
-error_vs_steps = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(error_vs_steps)
+error_vs_steps = benchmark_module("error_vs_steps")
 
 
 def test_windows_hold_the_prediction_against_each_run_of_k_steps_median():
