@@ -149,6 +149,8 @@ def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], per
     settled = [loss for sure, loss in advised if sure]
     unsettled = len(advised) - len(settled)
     followed = [loss for _, loss in advised]
+    named = [len(doc["ranking"]["confidence"]["to_measure"]) for doc in docs.values()
+             if doc["ranking"].get("confidence") and not doc["ranking"]["confidence"]["settled"]]
 
     def median_max(values: list[float]) -> str:
         return f"median {100 * statistics.median(values):.2f} %, max {100 * max(values):.2f} %" if values else "none"
@@ -158,7 +160,9 @@ def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], per
             f"fastest right {hits}/{len(losses)}; "
             f"the pick measured over the fastest: median {100 * statistics.median(losses):.2f} %, worst "
             f"{100 * max(losses):.2f} %; picks the command called not settled {unsettled}/{len(losses)} "
-            f"(the settled ones' loss worst {100 * max(settled, default=0.0):.2f} %); following the command "
+            f"(the settled ones' loss worst {100 * max(settled, default=0.0):.2f} %; the others named a median "
+            f"{statistics.median(named) if named else 0:g} of {len(docs[next(iter(docs))]['schedules'])} to measure); "
+            f"following the command "
             f"(its pick where settled, else the fastest measured of those it named): loss median "
             f"{100 * statistics.median(followed):.2f} %, worst {100 * max(followed):.2f} %; "
             f"wall median {statistics.median(walls):.0f} s (runs kept in {out})")
