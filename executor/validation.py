@@ -31,6 +31,8 @@ back to back (`simulator.steps`) under the same calibrated costs.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, replace
 
 from pipesched.schedules.ir import Schedule
@@ -72,6 +74,12 @@ def too_short(costs: CostModel) -> bool:
     return per_op > 0 and shortest < SHORT_OPS * per_op
 
 
+def median_uncertainty(spread: float, steps: int) -> float:
+    """The standard error of the median of `steps` steps as a fraction of it, from their
+    spread (`relative_iqr`): 1.2533 sigma / sqrt(steps), sigma = IQR / 1.349 (normal)."""
+    return 1.2533 * spread / 1.349 / math.sqrt(steps)
+
+
 def warnings_for(costs: CostModel, makespans: list[float]) -> list[str]:
     """Why a comparison may not carry over: ops too short next to the runtime's own time
     per op, measured steps (`makespans`, seconds) that spread more than NOISY_STEPS
@@ -85,8 +93,11 @@ def warnings_for(costs: CostModel, makespans: list[float]) -> list[str]:
     if len(makespans) > 1:
         spread = relative_iqr(makespans)
         if spread > NOISY_STEPS:
+            n = len(makespans)
             out.append(f"the middle half of the measured steps spans {100 * spread:.1f} % of their median: the "
-                       "machine is noisy (other processes?); errors smaller than that are within the noise")
+                       f"machine is noisy (other processes?); the median of these {n} steps is itself uncertain "
+                       f"by about {100 * median_uncertainty(spread, n):.1f} % (errors within that are the "
+                       f"measurement's), and {4 * n} steps (--steps) would halve that")
     samples = (costs.meta.get("calibrated") or {}).get("interference_samples") or []
     if len(samples) > 1 and max(samples) - min(samples) > NOISY_CALIBRATION:
         out.append(f"calibration measured the slowdown of busy cores as {100 * min(samples):.0f} % to "

@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from pipesched.executor.validation import too_short, warnings_for  # noqa: E402
+from pipesched.executor.validation import median_uncertainty, too_short, warnings_for  # noqa: E402
+from pipesched.simulator.run_costs import relative_iqr  # noqa: E402
 from pipesched.simulator.costs import CostModel, HostOverhead, StageCost  # noqa: E402
 from pipesched.simulator.run_costs import halves_apart  # noqa: E402
 
@@ -30,6 +31,19 @@ def test_one_slow_step_does_not_make_the_steps_noisy_but_a_wide_middle_half_does
     assert warnings_for(LONG, [0.100, 0.101, 0.100, 0.102, 0.400]) == []  # an outlier, middle half 1 %
     (warning,) = warnings_for(LONG, [0.100, 0.110, 0.120, 0.130, 0.140])  # IQR 20 ms over median 120 ms
     assert "spans 16.7 % of their median" in warning
+    # the median of the 5 steps: 1.2533 x 0.1667 / 1.349 / sqrt(5) = 6.9 %, and 20 steps halve it
+    assert "uncertain by about 6.9 %" in warning and "20 steps (--steps) would halve that" in warning
+
+
+def test_the_median_uncertainty_is_the_spread_of_medians_of_that_many_steps():
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    for n in (10, 40):
+        runs = 1.0 + 0.1 * rng.standard_normal((4000, n))
+        said = np.median([median_uncertainty(relative_iqr(r), n) for r in runs])
+        assert said == pytest.approx(float(np.std(np.median(runs, axis=1))), rel=0.15)
+    assert median_uncertainty(0.2, 40) == pytest.approx(median_uncertainty(0.2, 10) / 2)
 
 
 def test_calibration_samples_that_disagree_are_reported():
