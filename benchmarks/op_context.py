@@ -16,7 +16,13 @@ Printed: per schedule and op kind, the median measured / predicted time in each 
 op time over predicted against its makespan error, per model. A context whose ratio
 differs from the others' is a property of the op the cost model does not hold.
 
-    python benchmarks/op_context.py DIR [DIR ...]
+With --replay, also per schedule the median makespan error of the prediction and of the
+run replayed (`simulator.replay`) with each task's own measured time and with the median
+per op kind and model stage on each rank: where the replay by kind is right and the
+prediction is not, the op times the calibration gave that schedule are what misses, not
+how the simulator combines them.
+
+    python benchmarks/op_context.py DIR [DIR ...] [--replay]
 """
 from __future__ import annotations
 
@@ -26,7 +32,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pipesched.schedules.registry import build
+from pipesched.simulator.cost_file import load as load_costs
 from pipesched.simulator.metrics import compute_metrics
+from pipesched.simulator.replay import replay
 from pipesched.simulator.trace import COMPUTE, SPAN_OPS, Trace, TraceError
 
 CONTEXTS = ("first", "repeat", "same", "switch")
@@ -74,9 +83,21 @@ def op_time_ratio(predicted: Trace, measured: Trace) -> float:
     return busy(measured) / busy(predicted)
 
 
+def replay_errors(folder: Path, predicted: Trace, measured: Trace) -> tuple[float, float, float]:
+    """(prediction, replay per task, replay per kind) makespan over measured - 1."""
+    schedule = build(folder.name, measured.ranks, measured.microbatches)
+    costs = load_costs(folder / "costs.json")
+    held = compute_metrics(measured).makespan
+    return tuple(compute_metrics(t).makespan / held - 1
+                 for t in (predicted, replay(schedule, measured, costs, per="task"),
+                           replay(schedule, measured, costs, per="kind")))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path, help="folders written by validate --out (searched below)")
+    ap.add_argument("--replay", action="store_true", help="also the prediction against the run replayed per task "
+                                                          "and per op kind")
     args = ap.parse_args()
     folders = run_folders(args.dirs)
     if not folders:
@@ -85,6 +106,7 @@ def main() -> int:
         return 2
     ratios: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     per_model: dict[str, list[str]] = defaultdict(list)
+    replays: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for folder in folders:
         try:
             predicted, measured = Trace.load(folder / "predicted.json"), Trace.load(folder / "measured.json")
@@ -97,6 +119,11 @@ def main() -> int:
             ratios[("all", op, context)].append(r)
         error = compute_metrics(predicted).makespan / compute_metrics(measured).makespan - 1
         per_model[name].append(f"{op_time_ratio(predicted, measured) - 1:+.1%}/{error:+.1%}")
+        if args.replay:
+            try:
+                replays[name].append(replay_errors(folder, predicted, measured))
+            except Exception as e:  # a folder of a schedule not built in, or without its costs
+                print(f"op_context: {folder}: no replay ({e})", file=sys.stderr)
     print(f"{len(folders)} runs; measured / predicted op time, median (ops), by what ran before the op on its rank")
     names = sorted({k[0] for k in ratios} - {"all"}) + ["all"]
     print(f"{'schedule':18s}{'op':4s}" + "".join(f"{c:>16s}" for c in CONTEXTS))
@@ -110,6 +137,11 @@ def main() -> int:
     print("\nper model: measured op time over predicted / makespan error (predicted / measured - 1)")
     for name in sorted(per_model):
         print(f"{name:18s}" + "  ".join(per_model[name]))
+    if replays:
+        print("\nmakespan over measured - 1, median over runs: predicted, replayed per task, replayed per op kind")
+        for name in sorted(replays):
+            cols = list(zip(*replays[name]))
+            print(f"{name:18s}" + "".join(f"{statistics.median(c):>+10.1%}" for c in cols) + f"   ({len(cols[0])} runs)")
     return 0
 
 

@@ -41,3 +41,22 @@ def test_a_folder_without_runs_is_one_line_and_exit_2(tmp_path):
     out = run(str(tmp_path))
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().count("\n") == 0 and "no predicted.json beside a measured.json" in out.stderr
+
+
+def test_replay_by_kind_recovers_a_run_whose_forwards_took_longer_than_predicted(tmp_path):
+    from pipesched.simulator.cost_file import save
+
+    costs = CostModel(stages=(StageCost(1.0, 1.0, 1.0),))
+    predicted = simulate(build("gpipe", 2, 4), costs)
+    measured = simulate(build("gpipe", 2, 4), CostModel(stages=(StageCost(1.5, 1.0, 1.0),)))
+    folder = tmp_path / "gpipe"
+    folder.mkdir()
+    predicted.save(folder / "predicted.json")
+    replace(measured, source="measured").save(folder / "measured.json")
+    save(costs, folder / "costs.json")
+    out = run(str(tmp_path), "--replay")
+    assert out.returncode == 0, out.stderr
+    (row,) = [line.split() for line in out.stdout.splitlines() if line.startswith("gpipe ") and "runs)" in line]
+    # GPipe, p = 2, m = 4: (m + p - 1)(F + BW), 15 s predicted against 17.5 s measured;
+    # replayed with the run's own op times, per task and per kind, the run itself
+    assert row[1:4] == [f"{15 / 17.5 - 1:+.1%}", "+0.0%", "+0.0%"]
