@@ -32,7 +32,6 @@ back to back (`simulator.steps`) under the same calibrated costs.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, replace
 
 from pipesched.schedules.ir import Schedule
@@ -137,14 +136,8 @@ class Validation:
 
     @property
     def calibration_run_apart(self) -> float | None:
-        """Where calibration also ran this schedule (at this split) in the same launch:
-        this run's typical step over the calibration run's, - 1 (how well two runs of
-        one schedule agree here); None otherwise."""
-        typical = (self.costs.meta.get("from_runs") or {}).get("typical_steps") or {}
-        split, seconds = typical.get(self.measured.schedule, (None, None))
-        if split is None or split != self.measured.meta.get("model_stages") or not seconds:
-            return None
-        return measured_makespan(self.measured, self.costs.data_parallel.degree) / seconds - 1
+        """`calibration_run_apart` of this run under its costs."""
+        return calibration_run_apart(self.costs, self.measured)
 
     @property
     def shared(self) -> bool:
@@ -232,6 +225,19 @@ def measured_makespan(trace: Trace, replicas: int = 1) -> float:
     (`simulator.run_costs.typical_step`; the step reported is the one nearest it)."""
     steps = trace.meta.get("makespans") or []
     return typical_step(steps, replicas) if replicas > 1 and steps else compute_metrics(trace).makespan
+
+
+def calibration_run_apart(costs: CostModel, measured: Trace) -> float | None:
+    """Where the calibration behind `costs` also ran `measured`'s schedule (at its split)
+    in the same launch: this run's typical step over the calibration run's, - 1, both
+    `typical_step` of their steps (how well two runs of one schedule agree here); None
+    otherwise."""
+    typical = (costs.meta.get("from_runs") or {}).get("typical_steps") or {}
+    split, seconds = typical.get(measured.schedule, (None, None))
+    steps = measured.meta.get("makespans") or []
+    if split is None or split != measured.meta.get("model_stages") or not seconds or not steps:
+        return None
+    return typical_step(steps, costs.data_parallel.degree) / seconds - 1
 
 
 def without_parameters(costs: CostModel) -> CostModel:
