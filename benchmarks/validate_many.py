@@ -32,11 +32,17 @@ With --steps N every run (the schedules' and the calibration's, which take as ma
 as the runs beside them) measures N steps: a step here spreads 11-15 % (IQR over median)
 whatever its length, so the median of ten is known to a few percent, and the errors above
 are partly the measurement's own.
+
+With --rerank DIR nothing runs: the folders an earlier run kept (its --out) are ranked
+again with today's `validate` ranking and summarized as above (without wall times).
+
+    python benchmarks/validate_many.py --rerank DIR [DIR ...]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -66,7 +72,11 @@ def main() -> int:
     ap.add_argument("--launches", type=int, default=1, help="launch each model this many times (what repeats)")
     ap.add_argument("--steps", type=int, help="measured steps of every run (validate's --steps; default its own): "
                                               "more steps, a median nearer the run's own")
+    ap.add_argument("--rerank", nargs="+", type=Path, metavar="DIR",
+                    help="run nothing: rank the folders an earlier run kept again and summarize them")
     args = ap.parse_args()
+    if args.rerank:
+        return rerank(args.rerank)
     if not 1 <= args.launches <= 10:
         ap.error("--launches must be 1..10")
     if args.steps is not None and args.steps < 1:
@@ -94,6 +104,53 @@ def main() -> int:
                 print_launch(label, draw, p, doc, wall, periods)
         if docs:
             summarize(p, docs, walls, periods, out)
+    return 0
+
+
+KEPT = re.compile(r"p(\d+)-model(\d+)(?:-launch(\d+))?")
+
+
+def kept_doc(folder: Path) -> dict:
+    """What `validate A,B,... --json` reported for a kept folder (one subfolder per
+    schedule with predicted.json, measured.json and costs.json), ranked with today's
+    `ranking_of`: the fields the summary reads."""
+    from pipesched.commands.validate_many import ranking_of
+    from pipesched.executor.solo_calibration import oversubscribed
+    from pipesched.executor.validation import calibration_run_apart, measured_makespan
+    from pipesched.simulator.cost_file import load
+    from pipesched.simulator.metrics import compute_metrics
+    from pipesched.simulator.run_costs import halves_apart
+    from pipesched.simulator.trace import Trace
+
+    summaries, shared = [], False
+    for run in sorted(d for d in folder.iterdir() if (d / "measured.json").is_file()):
+        measured, costs = Trace.load(run / "measured.json"), load(run / "costs.json")
+        held = measured_makespan(measured, costs.data_parallel.degree)
+        predicted = compute_metrics(Trace.load(run / "predicted.json")).makespan
+        shared = oversubscribed(costs.host, measured.ranks)
+        summaries.append({"schedule": run.name, "measured": {"makespan": held}, "predicted": {"makespan": predicted},
+                          "makespan_rel_error": (predicted - held) / held,
+                          "measured_halves_apart": halves_apart(measured.meta.get("makespans") or []),
+                          "calibration_run_apart": calibration_run_apart(costs, measured)})
+    return {"schedules": summaries, "ranking": ranking_of(summaries, shared)}
+
+
+def rerank(roots: list[Path]) -> int:
+    """--rerank: every kept folder under `roots`, summarized per p (module docstring)."""
+    by_p: dict[int, dict[tuple[int, int], dict]] = {}
+    models: dict[tuple[Path, int], int] = {}  # (root, model) -> one number over every root
+    for root in roots:
+        for folder in sorted(root.iterdir()) if root.is_dir() else []:
+            name = KEPT.fullmatch(folder.name)
+            if name:
+                p, model = int(name[1]), models.setdefault((root, int(name[2])), len(models))
+                by_p.setdefault(p, {})[(model, int(name[3] or 0))] = kept_doc(folder)
+    if not by_p:
+        print("validate_many: no kept folders (pP-modelI[-launchK]) under " + ", ".join(map(str, roots)),
+              file=sys.stderr)
+        return 2
+    for p, docs in sorted(by_p.items()):
+        summarize(p, docs, [], False, roots[0] if len(roots) == 1 else Path(", ".join(map(str, roots))))
     return 0
 
 
@@ -149,8 +206,8 @@ def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], per
     settled = [loss for sure, loss in advised if sure]
     unsettled = len(advised) - len(settled)
     followed = [loss for _, loss in advised]
-    named = [len(doc["ranking"]["confidence"]["to_measure"]) for doc in docs.values()
-             if doc["ranking"].get("confidence") and not doc["ranking"]["confidence"]["settled"]]
+    named = [len(doc["ranking"]["confidence"]["to_measure"]) for doc, (sure, _) in zip(docs.values(), advised)
+             if not sure]
 
     def median_max(values: list[float]) -> str:
         return f"median {100 * statistics.median(values):.2f} %, max {100 * max(values):.2f} %" if values else "none"
@@ -161,11 +218,12 @@ def summarize(p: int, docs: dict[tuple[int, int], dict], walls: list[float], per
             f"the pick measured over the fastest: median {100 * statistics.median(losses):.2f} %, worst "
             f"{100 * max(losses):.2f} %; picks the command called not settled {unsettled}/{len(losses)} "
             f"(the settled ones' loss worst {100 * max(settled, default=0.0):.2f} %; the others named a median "
-            f"{statistics.median(named) if named else 0:g} of {len(docs[next(iter(docs))]['schedules'])} to measure); "
+            f"{statistics.median(named) if named else 0:g} of {len(SCHEDULES)} to measure); "
             f"following the command "
             f"(its pick where settled, else the fastest measured of those it named): loss median "
             f"{100 * statistics.median(followed):.2f} %, worst {100 * max(followed):.2f} %; "
-            f"wall median {statistics.median(walls):.0f} s (runs kept in {out})")
+            + (f"wall median {statistics.median(walls):.0f} s " if walls else "")
+            + f"(runs kept in {out})")
     if periods:
         period_errors = [abs(s["period"]["rel_error"]) for s in rows]
         line += f"; period error {median_max(period_errors)} (ranked by period)"
