@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from random_models import CALIBRATION_RUNS, OTHER_SPLIT_RUN  # noqa: E402
 
+from pipesched.executor.job import representative_step  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
 from pipesched.simulator.trace import Trace, TraceError  # noqa: E402
 
@@ -36,17 +37,13 @@ CALIBRATING = set(CALIBRATION_RUNS) | {OTHER_SPLIT_RUN}
 STEPS = (2, 3, 5, 7, 10, 20, 40)
 
 
-def lower_median(values: list[float]) -> float:
-    """The lower median: a real step, as `validate` reports (`executor.job.representative_step`)."""
-    return sorted(values)[(len(values) - 1) // 2]
-
-
 def window_errors(predicted: float, steps: list[float], k: int) -> float | None:
     """Mean |predicted / median of k steps in a row - 1| over every such window; None
     where the run took fewer than k steps."""
     if len(steps) < k:
         return None
-    errors = [abs(predicted / lower_median(steps[i:i + k]) - 1) for i in range(len(steps) - k + 1)]
+    windows = [steps[i:i + k] for i in range(len(steps) - k + 1)]
+    errors = [abs(predicted / w[representative_step(w)] - 1) for w in windows]  # the step validate reports
     return sum(errors) / len(errors)
 
 

@@ -157,8 +157,8 @@ def print_table(summaries: list[dict], ranking: dict) -> None:
     if again:
         print("measured again: " + ", ".join(f"{printable(n)} {fmt_rel(v)}" for n, v in again.items())
               + " against the calibration's own run of it in this launch (two runs of one schedule)")
-    print("note: two schedules whose measured makespans differ by less than their runs' halves are apart, "
-          "or than two runs of one schedule, are within this machine's noise")
+    print("note: two schedules whose measured makespans differ by less than their runs' halves do, or than "
+          "two runs of one schedule do, are within this machine's noise")
 
 
 def _folder_name(name: str, index: int) -> str:
