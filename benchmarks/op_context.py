@@ -122,7 +122,7 @@ def main() -> int:
         if args.replay:
             try:
                 replays[name].append(replay_errors(folder, predicted, measured))
-            except Exception as e:  # a folder of a schedule not built in, or without its costs
+            except (OSError, ValueError) as e:  # a schedule not built in, costs missing or of another run
                 print(f"op_context: {folder}: no replay ({e})", file=sys.stderr)
     print(f"{len(folders)} runs; measured / predicted op time, median (ops), by what ran before the op on its rank")
     names = sorted({k[0] for k in ratios} - {"all"}) + ["all"]
