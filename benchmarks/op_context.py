@@ -12,8 +12,10 @@ on its rank, in the measured order:
 - `switch`: an op of another stage (the chunks of v = 2 schedules, DualPipe's replicas).
 
 Printed: per schedule and op kind, the median measured / predicted time in each context
-(with the number of ops), pooled over every model found; then each schedule's measured
-op time over predicted against its makespan error, per model. A context whose ratio
+(with the number of ops), pooled over every model found; the same pooled over every
+schedule by the op's place in a run of its kind and stage (the 1st: after another kind
+or stage, the 2nd: right after one of its kind, ...); then each schedule's measured op
+time over predicted against its makespan error, per model. A context whose ratio
 differs from the others' is a property of the op the cost model does not hold.
 
 With --replay, also per schedule the median makespan error of the prediction and of the
@@ -39,6 +41,7 @@ from pipesched.simulator.replay import replay
 from pipesched.simulator.trace import COMPUTE, SPAN_OPS, Trace, TraceError
 
 CONTEXTS = ("first", "repeat", "same", "switch")
+PLACES = ("1st", "2nd", "3rd", "4th", "5th+")  # an op's place in a run of its kind and stage
 
 
 def run_folders(roots: list[Path]) -> list[Path]:
@@ -52,14 +55,16 @@ def run_folders(roots: list[Path]) -> list[Path]:
     return found
 
 
-def op_ratios(predicted: Trace, measured: Trace) -> list[tuple[str, str, float]]:
-    """(op kind, context, measured / predicted seconds) for each measured compute op."""
+def op_ratios(predicted: Trace, measured: Trace) -> list[tuple[str, str, int, float]]:
+    """(op kind, context, place in its run, measured / predicted seconds) for each
+    measured compute op; its place: how many ops of its kind and stage ran right before
+    it on its rank (0: it follows another kind or stage, or starts the step)."""
     want = {}
     for s in predicted.spans(COMPUTE):
         want[(s.rank, s.op, s.mb, s.stage)] = s.end - s.start
     out = []
     for rank in range(measured.ranks):
-        before = None
+        before, place = None, 0
         for s in sorted(measured.spans(COMPUTE, rank), key=lambda s: s.start):
             expected = want.get((s.rank, s.op, s.mb, s.stage))
             if before is None:
@@ -68,8 +73,9 @@ def op_ratios(predicted: Trace, measured: Trace) -> list[tuple[str, str, float]]
                 context = "switch"
             else:
                 context = "repeat" if before.op == s.op else "same"
+            place = place + 1 if context == "repeat" else 0
             if expected and expected > 0:
-                out.append((s.op, context, (s.end - s.start) / expected))
+                out.append((s.op, context, place, (s.end - s.start) / expected))
             before = s
     return out
 
@@ -105,6 +111,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     ratios: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    places: dict[tuple[str, str], list[float]] = defaultdict(list)
     per_model: dict[str, list[str]] = defaultdict(list)
     replays: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for folder in folders:
@@ -114,9 +121,10 @@ def main() -> int:
             print(f"op_context: {folder}: {e}", file=sys.stderr)
             return 2
         name = folder.name
-        for op, context, r in op_ratios(predicted, measured):
+        for op, context, place, r in op_ratios(predicted, measured):
             ratios[(name, op, context)].append(r)
             ratios[("all", op, context)].append(r)
+            places[(op, PLACES[min(place, len(PLACES) - 1)])].append(r)
         error = compute_metrics(predicted).makespan / compute_metrics(measured).makespan - 1
         per_model[name].append(f"{op_time_ratio(predicted, measured) - 1:+.1%}/{error:+.1%}")
         if args.replay:
@@ -134,6 +142,13 @@ def main() -> int:
                 continue
             print(f"{name:18s}{op:4s}" + "".join(f"{statistics.median(v):>10.3f} ({len(v):3d})" if v else f"{'-':>16s}"
                                                for v in cells))
+    print("\nevery schedule: measured / predicted op time, median (ops), by the op's place in a run of its kind and stage")
+    print(f"{'op':4s}" + "".join(f"{p:>16s}" for p in PLACES))
+    for op in SPAN_OPS:
+        cells = [places.get((op, p)) for p in PLACES]
+        if any(cells):
+            print(f"{op:4s}" + "".join(f"{statistics.median(v):>10.3f} ({len(v):3d})" if v else f"{'-':>16s}"
+                                       for v in cells))
     print("\nper model: measured op time over predicted / makespan error (predicted / measured - 1)")
     for name in sorted(per_model):
         print(f"{name:18s}" + "  ".join(per_model[name]))

@@ -33,6 +33,11 @@ def test_each_op_is_held_against_the_same_op_of_the_prediction_by_its_context(tm
     # follows an F of its stage, three repeat
     assert rows[("gpipe", "F")] == ["0.800", "(", "2)", "0.800", "(", "6)", "-", "-"]
     assert rows[("gpipe", "BW")] == ["-", "1.000", "(", "6)", "1.000", "(", "2)", "-"]
+    # by place in a run of its kind and stage: each rank's four forwards are its 1st to
+    # 4th, its four backwards likewise
+    places = {line.split()[0]: line.split()[1:] for line in out.stdout.split("by the op's place")[1].splitlines()[2:4]}
+    assert places["F"] == ["0.800", "(", "2)"] * 4 + ["-"]
+    assert places["BW"] == ["1.000", "(", "2)"] * 4 + ["-"]
     # compute 22.4 s against 24 s; makespan 15 s predicted against 14 s
     assert "gpipe             -6.7%/+7.1%" in out.stdout
 
