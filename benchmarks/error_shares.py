@@ -186,7 +186,7 @@ def main() -> int:
     if cores:
         print("\nruns with one model stage on two cores: the same ops' time on core 0 over core 1, and the error")
         for folder, ratio, error in cores:
-            print(f"{folder.parent.parent.name}/{folder.parent.name}/{folder.name}".ljust(44) + f"{ratio:7.3f}   {error:+7.2%}")
+            print(f"{str(folder):44s}{ratio:7.3f}   {error:+7.2%}")
         apart = [abs(np.log(r)) for _, r, _ in cores]
         print(f"median |log(core 0 / core 1)| {statistics.median(apart):.3f} over {len(cores)} runs")
     return 0
