@@ -28,8 +28,9 @@ def print_costs(costs: CostModel) -> None:
               f"(interquartile range up to {100 * runs['spread']:.0f} % of the median); {how}")
         k = runs.get("residual", 1.0)
         if k != 1.0:
-            which = "mean" if costs.data_parallel.degree > 1 else "median"
-            print(f"op and host times x {k:.3f}: the step residual, the runs' {which} steps over their prediction")
+            over = ("the runs' mean steps over their prediction" if costs.data_parallel.degree > 1
+                    else "the runs' steps over the same steps simulated with their own mean op times (median)")
+            print(f"op and host times x {k:.3f}: the step residual, {over}")
     fixed = costs.fixed_op_times
     if fixed.any:
         print(f"fixed time per op, kept whole when a stage is cut for another split: F {fmt_seconds(fixed.forward)}, "

@@ -28,19 +28,24 @@ calibration with the other ranks idle misses the runtime's cost under a running
 pipeline. On shared cores the gaps also hold waits for the core, which the simulation
 models, so host time stays as profiled there.
 
+The first W or BW of each model stage on each rank in a step keeps its weight gradients
+rather than adding them up and takes `grad_accumulate` less; a run's mean of those ops
+holds that saving, which the simulation takes off the first again, so its share is added
+back first (at the calibration's split).
+
 Where calibration measured a stage switch (`StageSwitch`: ops right after another
 stage's ops on their rank run longer), a run at the calibration's split whose ranks
 switch stages (DualPipe's) has each op kind's mean divided by what its switched share
 added: the op's own time, which the simulation lengthens again where a schedule switches.
 Runs at the other split keep it: their fixed times hold it (`simulator.switches`).
 
-Last, the step residual: the runs' own steps are predicted with the costs so read, and
-every op and host time is scaled by how much longer the runs measured (per run, its
-typical step's makespan over the prediction; the geometric mean over the runs at the
-calibration's split). A step over noisy ops is longer than one over their medians (a
-rank waits for the later of two inputs), and the part of a step the model misses shows
-up the same way; without it predictions on a noisy host came out short
-(docs/accuracy.md). Runs with another number of data-parallel replicas than the costs
+Last, the step residual: every op and host time is scaled by how much longer the runs'
+steps took than steps simulated with their own mean op times (per run, the median over
+its steps; the geometric mean over the runs at the calibration's split). A step over
+noisy ops is longer than one over their means (a rank waits for the later of two
+inputs), and the part of a step the model misses shows up the same way; without it
+predictions on a noisy host came out short (docs/accuracy.md). Held against each step's
+own op times, the residual leaves out how the runs' op times differ from the pooled ones. Runs with another number of data-parallel replicas than the costs
 are left out: `executor.dp_calibrate` takes the whole step's residual once the
 all-reduce is in the costs.
 """
@@ -51,15 +56,19 @@ from typing import Sequence
 
 import numpy as np
 
+from pipesched.schedules.graph import TaskGraph
 from pipesched.schedules.ir import B, BW, F, OPS, W, Schedule
 from pipesched.schedules.validate import validate
 
 from .api import simulate
 from .costs import CostError, CostModel, FixedOpTimes, HostSharing, StageCost, StageSwitch
 from .dedicated import dedicated_durations, shares_cores, world_ranks
+from .des import run_des
+from .exact import longest_path
 from .metrics import compute_metrics
-from .replay import fit_host_gaps, host_time_gaps
+from .replay import fit_host_gaps, host_time_gaps, task_spans
 from .switches import switch_factors
+from .timing import resolve, to_trace
 from .trace import COMPUTE, Trace
 
 
@@ -143,9 +152,10 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
         if sharing is not None and shares_cores(sharing, world_ranks(trace)):
             durations, dedicated = dedicated_durations(trace, sharing), True
         unswitched = _switch_factors(base.stage_switch, schedule) if split == stages else {}
+        unkept = _kept_seconds(schedule, base.model_stages) if split == stages else {}
         for key, values in op_time_samples(schedule, trace, durations).items():
             if len(values):
-                own_time = float(np.mean(values)) / unswitched.get(key, 1.0)
+                own_time = (float(np.mean(values)) + unkept.get(key, 0.0)) / unswitched.get(key, 1.0)
                 per_split.setdefault(split, {}).setdefault(key, []).append(own_time)
                 if split == stages:
                     pooled.setdefault(key, []).append(values)
@@ -196,11 +206,20 @@ def with_step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]])
 
 
 def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> float:
-    """How much longer the runs' steps took than `costs` predicts them: per schedule, its
-    typical step (`typical_step`: the median, with data-parallel replicas the mean) over
-    the predicted one (receives posted as the run's meta says), then the geometric mean
-    over the schedules; 1 with no run to read. Only runs at the split of
-    `costs.model_stages` and with as many data-parallel replicas as `costs` count."""
+    """How much longer the runs' steps took than `costs` predicts them, the geometric
+    mean over the schedules run (1 with no run to read). Only runs at the split of
+    `costs.model_stages` and with as many data-parallel replicas as `costs` count;
+    receives posted as each run's meta says.
+
+    Without data parallelism, per schedule the median over its steps of each step's
+    makespan over the step simulated with that step's own mean op times (per op kind,
+    model stage and rank; dedicated work where ranks share cores): what a step holds
+    beyond its op times (a rank waiting for the later of two inputs, the step's first op,
+    the runtime between ops), not how the schedule's op times differ from the pooled ones
+    (1F1B's ops run longer than ZB-H1's, and scaling every schedule by that predicted
+    the others long: docs/accuracy.md, "Where the error sits"). With data-parallel
+    replicas, whose steps end in all-reduces that op times do not hold, its typical step
+    (the mean) over the predicted one."""
     replicas = costs.data_parallel.degree
     split = len(costs.model_stages or costs.stages)
     ratios = []
@@ -208,10 +227,59 @@ def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> f
         if schedule.num_model_stages != split or degree != replicas:
             continue
         here = replace(costs, recv_lookahead=trace.meta.get("recv_lookahead", costs.recv_lookahead))
-        predicted = compute_metrics(simulate(validate(schedule), here)).makespan
+        graph = validate(schedule)
+        if replicas == 1:
+            steps = [t for s, t in runs if s.name == schedule.name and len(t)]
+            found = [r for r in (_over_own_means(graph, here, t) for t in steps) if r is not None]
+            if found:
+                ratios.append(float(np.median(found)))
+            continue
+        predicted = compute_metrics(simulate(graph, here)).makespan
         if predicted > 0:
             ratios.append(typical_step(makespans, replicas) / predicted)
     return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
+
+
+def _over_own_means(graph: TaskGraph, costs: CostModel, trace: Trace) -> float | None:
+    """A measured step's makespan over the step simulated under `costs` with every op
+    the mean of the step's own ops of its kind, model stage and rank (dedicated work
+    where `costs.host` shares cores); None where the trace lacks some of the tasks."""
+    span = task_spans(graph, trace)
+    if (span < 0).any():
+        return None
+    shared = costs.host is not None and shares_cores(costs.host, trace.ranks)
+    took = (dedicated_durations(trace, costs.host) if shared else trace.end - trace.start)[span]
+    col = graph.columns()
+    model = np.asarray([s.model_stage for s in graph.schedule.stages], dtype=np.int64)[col["stage"]]
+    key = (col["rank"].astype(np.int64) * (graph.schedule.num_model_stages + 1) + model) * 8 + col["op"]
+    means = took.copy()
+    for k in np.unique(key):
+        members = key == k
+        means[members] = took[members].mean()
+    timing = resolve(graph, costs, task_times=means)
+    timeline = longest_path(graph, timing) if costs.host is None else run_des(graph, timing, costs.host)
+    simulated = compute_metrics(to_trace(graph, timing, timeline, {})).makespan
+    return compute_metrics(trace).makespan / simulated if simulated > 0 else None
+
+
+def _kept_seconds(schedule: Schedule, stages: Sequence[StageCost]) -> dict[tuple[str, int], float]:
+    """(op, model stage) -> the seconds a mean of those ops in a run of `schedule` is
+    short of an op that adds its weight gradients into earlier ones: the first W or BW of
+    each model stage on each rank in a step only keeps them (`grad_accumulate` less, as
+    `simulator.timing` simulates it), so its share of the mean is added back."""
+    col = validate(schedule).columns()
+    model = np.asarray([s.model_stage for s in schedule.stages], dtype=np.int64)[col["stage"]]
+    backward = np.flatnonzero(np.isin(col["op"], (OPS.index(W), OPS.index(BW))))  # task ids in program order
+    key = col["rank"][backward].astype(np.int64) * (len(stages) + 1) + model[backward]
+    first = np.zeros(len(col["op"]), dtype=bool)
+    first[backward[np.unique(key, return_index=True)[1]]] = True
+    out = {}
+    for o, k in {(int(a), int(b)) for a, b in zip(col["op"][backward], model[backward])}:
+        members = (col["op"] == o) & (model == k)
+        saved = stages[k].grad_accumulate if k < len(stages) else 0.0
+        if saved > 0:
+            out[(OPS[o], k)] = saved * float(first[members].mean())
+    return out
 
 
 def _switch_factors(switch: StageSwitch, schedule: Schedule) -> dict[tuple[str, int], float]:
