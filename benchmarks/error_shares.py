@@ -63,40 +63,13 @@ from pipesched.schedules.validate import validate  # noqa: E402
 from pipesched.simulator.cost_file import load as load_costs  # noqa: E402
 from pipesched.simulator.costs import CostModel  # noqa: E402
 from pipesched.simulator.dedicated import dedicated_durations, shares_cores  # noqa: E402
-from pipesched.simulator.des import run_des  # noqa: E402
-from pipesched.simulator.exact import longest_path  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
 from pipesched.simulator.replay import ReplayError, task_spans  # noqa: E402
-from pipesched.simulator.timing import resolve, to_trace  # noqa: E402
+from pipesched.simulator.run_costs import group_means, op_groups, simulated_makespan  # noqa: E402
 from pipesched.simulator.trace import Trace, TraceError  # noqa: E402
 
 SHARES = ("error", "residual", "op times", "ranks", "noise", "placement", "rest")
 DRAWS = 16
-
-
-def makespan(graph: TaskGraph, costs: CostModel, task_times: np.ndarray | None = None) -> float:
-    """Seconds: `graph` simulated under `costs` (ranks sharing cores as its host says),
-    every op `task_times` long where given (seconds per task id)."""
-    timing = resolve(graph, costs, task_times=task_times)
-    timeline = longest_path(graph, timing) if costs.host is None else run_des(graph, timing, costs.host)
-    return compute_metrics(to_trace(graph, timing, timeline, {})).makespan
-
-
-def op_groups(graph: TaskGraph, by_rank: bool = True) -> list[np.ndarray]:
-    """The task ids of each op kind and model stage (`by_rank`: and rank)."""
-    col, sched = graph.columns(), graph.schedule
-    model = np.asarray([s.model_stage for s in sched.stages], dtype=np.int64)[col["stage"]]
-    rank = col["rank"].astype(np.int64) if by_rank else np.zeros_like(model)
-    key = (rank * (sched.num_model_stages + 1) + model) * 8 + col["op"]
-    return [np.flatnonzero(key == k) for k in np.unique(key)]
-
-
-def group_means(durations: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
-    """`durations` with each group's replaced by their mean."""
-    out = durations.copy()
-    for idx in groups:
-        out[idx] = durations[idx].mean()
-    return out
 
 
 def shares(graph: TaskGraph, costs: CostModel, measured: Trace, rng: np.random.Generator) -> dict[str, float]:
@@ -114,11 +87,11 @@ def shares(graph: TaskGraph, costs: CostModel, measured: Trace, rng: np.random.G
         drawn = own.copy()
         for idx in members:
             drawn[idx] = own[rng.permutation(idx)]
-        draws.append(makespan(graph, base, drawn))
-    predicted, unscaled = makespan(graph, costs), makespan(graph, base)
-    by_stage = makespan(graph, base, group_means(own, op_groups(graph, by_rank=False)))
-    by_means = makespan(graph, base, group_means(own, members))
-    shuffled, by_ops = statistics.median(draws), makespan(graph, base, own)
+        draws.append(simulated_makespan(graph, base, drawn))
+    predicted, unscaled = simulated_makespan(graph, costs), simulated_makespan(graph, base)
+    by_stage = simulated_makespan(graph, base, group_means(own, op_groups(graph, by_rank=False)))
+    by_means = simulated_makespan(graph, base, group_means(own, members))
+    shuffled, by_ops = statistics.median(draws), simulated_makespan(graph, base, own)
     step = compute_metrics(measured).makespan
     return {"error": predicted / step - 1, "residual": predicted / unscaled - 1, "op times": unscaled / by_stage - 1,
             "ranks": by_stage / by_means - 1,

@@ -45,8 +45,8 @@ its steps; the geometric mean over the runs at the calibration's split). A step 
 noisy ops is longer than one over their means (a rank waits for the later of two
 inputs), and the part of a step the model misses shows up the same way; without it
 predictions on a noisy host came out short (docs/accuracy.md). Held against each step's
-own op times, the residual leaves out how the runs' op times differ from the pooled ones. Runs with another number of data-parallel replicas than the costs
-are left out: `executor.dp_calibrate` takes the whole step's residual once the
+own op times, the residual leaves out how the runs' op times differ from the pooled ones.
+Runs with another number of data-parallel replicas than the costs are left out: `executor.dp_calibrate` takes the whole step's residual once the
 all-reduce is in the costs.
 """
 from __future__ import annotations
@@ -240,6 +240,31 @@ def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> f
     return float(np.exp(np.mean(np.log(ratios)))) if ratios else 1.0
 
 
+def op_groups(graph: TaskGraph, by_rank: bool = True) -> list[np.ndarray]:
+    """The task ids of each op kind and model stage (`by_rank`: and rank) of `graph`."""
+    col, sched = graph.columns(), graph.schedule
+    model = np.asarray([s.model_stage for s in sched.stages], dtype=np.int64)[col["stage"]]
+    rank = col["rank"].astype(np.int64) if by_rank else np.zeros_like(model)
+    key = (rank * (sched.num_model_stages + 1) + model) * 8 + col["op"]
+    return [np.flatnonzero(key == k) for k in np.unique(key)]
+
+
+def group_means(durations: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
+    """`durations` (seconds per task id) with each group's replaced by their mean."""
+    out = np.array(durations, dtype=float)
+    for idx in groups:
+        out[idx] = out[idx].mean()
+    return out
+
+
+def simulated_makespan(graph: TaskGraph, costs: CostModel, task_times: np.ndarray | None = None) -> float:
+    """Seconds: `graph` simulated under `costs` (ranks sharing cores as its host says),
+    every op `task_times` long where given (seconds per task id)."""
+    timing = resolve(graph, costs, task_times=task_times)
+    timeline = longest_path(graph, timing) if costs.host is None else run_des(graph, timing, costs.host)
+    return compute_metrics(to_trace(graph, timing, timeline, {})).makespan
+
+
 def _over_own_means(graph: TaskGraph, costs: CostModel, trace: Trace) -> float | None:
     """A measured step's makespan over the step simulated under `costs` with every op
     the mean of the step's own ops of its kind, model stage and rank (dedicated work
@@ -249,18 +274,8 @@ def _over_own_means(graph: TaskGraph, costs: CostModel, trace: Trace) -> float |
         return None
     shared = costs.host is not None and shares_cores(costs.host, trace.ranks)
     took = (dedicated_durations(trace, costs.host) if shared else trace.end - trace.start)[span]
-    col = graph.columns()
-    model = np.asarray([s.model_stage for s in graph.schedule.stages], dtype=np.int64)[col["stage"]]
-    key = (col["rank"].astype(np.int64) * (graph.schedule.num_model_stages + 1) + model) * 8 + col["op"]
-    means = took.copy()
-    for k in np.unique(key):
-        members = key == k
-        means[members] = took[members].mean()
-    timing = resolve(graph, costs, task_times=means)
-    timeline = longest_path(graph, timing) if costs.host is None else run_des(graph, timing, costs.host)
-    simulated = compute_metrics(to_trace(graph, timing, timeline, {})).makespan
+    simulated = simulated_makespan(graph, costs, group_means(took, op_groups(graph)))
     return compute_metrics(trace).makespan / simulated if simulated > 0 else None
-
 
 def _kept_seconds(schedule: Schedule, stages: Sequence[StageCost]) -> dict[tuple[str, int], float]:
     """(op, model stage) -> the seconds a mean of those ops in a run of `schedule` is
