@@ -123,10 +123,12 @@ def confidence_line(ranking: dict) -> str:
         return "how sure: one schedule, nothing to choose"
     where = "ranks sharing cores" if ranking["shared_cores"] else "a core per rank"
     if c["by_floor"]:
-        miss = (f"two runs of one schedule in this launch were {100 * c['floor']:.1f} % apart, more than their "
-                f"predictions are known to miss ({where})")
+        miss = (f"two runs of one schedule in this launch were {100 * c['floor']:.1f} % apart, more than the lead "
+                f"the known errors ask for ({where})")
     else:
-        miss = f"their predictions are known to miss by up to {100 * c['error']:.1f} % (75th percentile, CPUs, {where})"
+        miss = (f"it needs a lead of {100 * c['error']:.1f} % to be measured ahead with the pick predicted as short "
+                f"and {printable(c['runner_up'])} as long as their records say (5th and 95th percentile of the "
+                f"error, CPUs, {where})")
     head = (f"how sure: {printable(c['pick'])} predicted {100 * c['gap']:.1f} % ahead of "
             f"{printable(c['runner_up'])}; {miss}")
     if c["settled"]:
