@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from validate_many import KEPT, kept_doc  # noqa: E402
 
-from pipesched.simulator.confidence import KNOWN_ERROR, pick_confidence  # noqa: E402
+from pipesched.simulator.confidence import KNOWN_ERROR, known_error, pick_confidence  # noqa: E402
 
 
 def kept_docs(roots: list[Path]) -> list[tuple[int, dict]]:
@@ -72,10 +72,10 @@ def fitted_table(errors: dict[tuple[bool, str], list[float]], q: float) -> dict:
     table = {}
     for name in sorted({n for _, n in errors} | set(KNOWN_ERROR)):
         sides = []
-        for i, shared in enumerate((False, True)):
+        for shared in (False, True):
             values = errors.get((shared, name))
             sides.append(tuple(float(x) for x in np.quantile(values, [q, 1 - q])) if values
-                         else KNOWN_ERROR.get(name, ((-0.1, 0.1), (-0.1, 0.1)))[i])
+                         else known_error(name, shared))
         table[name] = tuple(sides)
     return table
 

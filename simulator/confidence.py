@@ -22,8 +22,6 @@ with a schedule much slower than the fastest, and narrower ones let an outlier t
 
     | schedule         | a core per rank   | two ranks a core  |
     |------------------|-------------------|-------------------|
-    | schedule         | a core per rank   | two ranks a core  |
-    |------------------|-------------------|-------------------|
     | 1f1b             |   -5.5 %   +6.2 % |   -3.2 %   +8.0 % |
     | zb-h1            |   -3.0 %   +9.3 % |   -6.1 %   +8.5 % |
     | zb-h2            |   -3.6 %  +11.8 % |   -7.6 %   +8.5 % |
