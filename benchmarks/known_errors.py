@@ -21,7 +21,7 @@ With --by-seed every launch is held against a table fitted on the launches of th
 seeds (a root's seed is the number in its name; the same models launched again share one),
 so every launch counts as one the table was not fitted on.
 
-    python benchmarks/known_errors.py DIR [DIR ...] [--quantile 0.1] [--check DIR [DIR ...] | --by-seed]
+    python benchmarks/known_errors.py DIR [DIR ...] [--quantile 0.05] [--check DIR [DIR ...] | --by-seed]
 """
 from __future__ import annotations
 
@@ -114,8 +114,8 @@ def print_outcome(label: str, rows: list[tuple[bool, float, int]]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("roots", nargs="+", type=Path, help="folders validate_many.py --out kept")
-    parser.add_argument("--quantile", type=float, default=0.1,
-                        help="the low quantile printed; the high one is 1 minus it (default 0.1)")
+    parser.add_argument("--quantile", type=float, default=0.05,
+                        help="the low quantile printed; the high one is 1 minus it (default 0.05, as KNOWN_ERROR)")
     parser.add_argument("--check", nargs="+", type=Path, default=[],
                         help="kept folders to rank with today's table and the fitted one")
     parser.add_argument("--by-seed", action="store_true",
@@ -124,7 +124,13 @@ def main() -> int:
     if not 0 < args.quantile < 0.5:
         print(f"known_errors: --quantile must be between 0 and 0.5, got {args.quantile}", file=sys.stderr)
         return 2
-    found = signed_errors(kept_docs(args.roots))
+    try:
+        seeded = _docs_with_seed(args.roots)
+        checked = kept_docs(args.check)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"known_errors: a kept folder could not be read: {exc}", file=sys.stderr)
+        return 2
+    found = signed_errors([(p, doc) for p, doc, _ in seeded])
     if not found:
         print("known_errors: no kept folders (pP-modelI[-launchK]) under " + ", ".join(map(str, args.roots)),
               file=sys.stderr)
@@ -143,14 +149,14 @@ def main() -> int:
             print(f"{name:<18}{len(v):>6}{100 * mid:>+9.2f}{100 * lo:>+9.2f}{100 * hi:>+9.2f}"
                   f"{100 * np.quantile(np.abs(v), 0.75):>9.2f}")
     if args.check:
-        docs = kept_docs(args.check)
+        docs = checked
         if not docs:
             print("known_errors: no kept folders under --check " + ", ".join(map(str, args.check)), file=sys.stderr)
             return 2
         print(f"## held against {len(docs)} launches under " + ", ".join(map(str, args.check)))
         check(docs, {"today's table": None, f"fitted ({q:g}, {1 - q:g})": fitted_table(found, q)})
     if args.by_seed:
-        by_seed(_docs_with_seed(args.roots), q)
+        by_seed(seeded, q)
     return 0
 
 

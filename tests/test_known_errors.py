@@ -50,3 +50,11 @@ def test_a_folder_without_kept_launches_is_one_line_and_exit_2(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--quantile", "0.7"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--quantile must be between 0 and 0.5" in out.stderr
+
+
+def test_a_kept_folder_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
+    run = tmp_path / "p2-model0" / "1f1b"
+    run.mkdir(parents=True)
+    (run / "measured.json").write_text("{not json")
+    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "could not be read" in out.stderr
