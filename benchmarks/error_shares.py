@@ -65,11 +65,17 @@ from pipesched.simulator.costs import CostModel  # noqa: E402
 from pipesched.simulator.dedicated import dedicated_durations, shares_cores  # noqa: E402
 from pipesched.simulator.metrics import compute_metrics  # noqa: E402
 from pipesched.simulator.replay import ReplayError, task_spans  # noqa: E402
-from pipesched.simulator.run_costs import group_means, op_groups, simulated_makespan  # noqa: E402
+from pipesched.simulator.api import simulate  # noqa: E402
+from pipesched.simulator.run_costs import group_means, op_groups  # noqa: E402
 from pipesched.simulator.trace import Trace, TraceError  # noqa: E402
 
 SHARES = ("error", "residual", "op times", "ranks", "noise", "placement", "rest")
 DRAWS = 16
+
+
+def makespan(graph: TaskGraph, costs: CostModel, task_times: np.ndarray | None = None) -> float:
+    """Seconds: `graph` simulated under `costs`, every op `task_times` long where given."""
+    return compute_metrics(simulate(graph, costs, task_times=task_times)).makespan
 
 
 def shares(graph: TaskGraph, costs: CostModel, measured: Trace, rng: np.random.Generator) -> dict[str, float]:
@@ -87,11 +93,11 @@ def shares(graph: TaskGraph, costs: CostModel, measured: Trace, rng: np.random.G
         drawn = own.copy()
         for idx in members:
             drawn[idx] = own[rng.permutation(idx)]
-        draws.append(simulated_makespan(graph, base, drawn))
-    predicted, unscaled = simulated_makespan(graph, costs), simulated_makespan(graph, base)
-    by_stage = simulated_makespan(graph, base, group_means(own, op_groups(graph, by_rank=False)))
-    by_means = simulated_makespan(graph, base, group_means(own, members))
-    shuffled, by_ops = statistics.median(draws), simulated_makespan(graph, base, own)
+        draws.append(makespan(graph, base, drawn))
+    predicted, unscaled = makespan(graph, costs), makespan(graph, base)
+    by_stage = makespan(graph, base, group_means(own, op_groups(graph, by_rank=False)))
+    by_means = makespan(graph, base, group_means(own, members))
+    shuffled, by_ops = statistics.median(draws), makespan(graph, base, own)
     step = compute_metrics(measured).makespan
     return {"error": predicted / step - 1, "residual": predicted / unscaled - 1, "op times": unscaled / by_stage - 1,
             "ranks": by_stage / by_means - 1,

@@ -28,7 +28,8 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "au
     (`costs.host`). Both give the same Trace for the same inputs (to 1e-9), so "auto"
     runs the exact engine, much the faster, unless ranks share compute. The Trace's
     meta names the engine that ran ("engine") and, for "auto", that it was chosen.
-    options: noise_cv and rng (see simulator.timing.resolve).
+    options: noise_cv and rng, or task_times (seconds per task id instead of the cost
+    model's op times, e.g. a run's own; see simulator.timing.resolve).
 
     `costs.data_parallel` (degree > 1) or a stage's optimizer_time adds the step's tail
     after the pipeline: the gradient all-reduces (lane ALLREDUCE) and the optimizer steps
@@ -57,8 +58,9 @@ def simulate(schedule: Schedule | TaskGraph, costs: CostModel, engine: str = "au
         raise ValueError("the exact engine cannot model ranks sharing compute; use the DES")
     check_steps(steps, step_barrier)
     several = steps > 1 or step_barrier != "all"
-    if several and options.get("noise_cv"):
-        raise ValueError("noisy op times (noise_cv) take one step with a barrier; leave steps and step_barrier out")
+    if several and (options.get("noise_cv") or options.get("task_times") is not None):
+        raise ValueError("noisy or given op times (noise_cv, task_times) take one step with a barrier; "
+                         "leave steps and step_barrier out")
     graph = schedule if isinstance(schedule, TaskGraph) else validate(schedule)
     if several:
         check_step_ops(graph, costs, steps, step_barrier)
@@ -96,10 +98,12 @@ def _simulate_steps(graph: TaskGraph, costs: CostModel, engine: str, steps: int,
 
 
 def _simulate(graph: TaskGraph, costs: CostModel, engine: str, **options) -> Trace:
-    noise = {k: v for k, v in options.items() if k in ("noise_cv", "rng")}
+    noise = {k: v for k, v in options.items() if k in ("noise_cv", "rng", "task_times")}
     engine, meta = _engine(costs, engine)
     dp, schedule = costs.data_parallel, graph.schedule
     if dp.degree > 1 and costs.host is not None:  # the replicas share the host: simulate them together
+        if noise.get("task_times") is not None:
+            raise ValueError("task_times give one pipeline's ops; replicas sharing the host are simulated together")
         everyone = validate(replicate(schedule, dp.degree))
         timing = resolve(everyone, costs, **noise)
         full = to_trace(everyone, timing, run_des(everyone, timing, costs.host), meta)

@@ -46,8 +46,9 @@ noisy ops is longer than one over their means (a rank waits for the later of two
 inputs), and the part of a step the model misses shows up the same way; without it
 predictions on a noisy host came out short (docs/accuracy.md). Held against each step's
 own op times, the residual leaves out how the runs' op times differ from the pooled ones.
-Runs with another number of data-parallel replicas than the costs are left out: `executor.dp_calibrate` takes the whole step's residual once the
-all-reduce is in the costs.
+Runs with another number of data-parallel replicas than the costs are left out:
+`executor.dp_calibrate` takes the whole step's residual once the all-reduce is in the
+costs.
 """
 from __future__ import annotations
 
@@ -63,12 +64,9 @@ from pipesched.schedules.validate import validate
 from .api import simulate
 from .costs import CostError, CostModel, FixedOpTimes, HostSharing, StageCost, StageSwitch
 from .dedicated import dedicated_durations, shares_cores, world_ranks
-from .des import run_des
-from .exact import longest_path
 from .metrics import compute_metrics
 from .replay import fit_host_gaps, host_time_gaps, task_spans
 from .switches import switch_factors
-from .timing import resolve, to_trace
 from .trace import COMPUTE, Trace
 
 
@@ -178,14 +176,17 @@ def costs_from_runs(base: CostModel, runs: Sequence[tuple[Schedule, Trace]], hos
     return with_step_residual(out, runs) if residual else out
 
 
-def _steps_by_run(runs: Sequence[tuple[Schedule, Trace]]) -> dict[str, tuple[Schedule, Trace, int, list[float]]]:
-    """Per run (by schedule name): (its schedule, its first trace, its data-parallel
+def _steps_by_run(runs: Sequence[tuple[Schedule, Trace]]
+                  ) -> dict[str, tuple[Schedule, list[Trace], int, list[float]]]:
+    """Per run (by schedule name): (its schedule, its steps' traces, its data-parallel
     replicas, every step's makespan in seconds); empty traces left out."""
-    steps: dict[str, tuple[Schedule, Trace, int, list[float]]] = {}
+    steps: dict[str, tuple[Schedule, list[Trace], int, list[float]]] = {}
     for schedule, trace in runs:
         if len(trace):
             replicas = trace.meta.get("data_parallel", {}).get("degree", 1)
-            steps.setdefault(schedule.name, (schedule, trace, replicas, []))[3].append(compute_metrics(trace).makespan)
+            _, traces, _, makespans = steps.setdefault(schedule.name, (schedule, [], replicas, []))
+            traces.append(trace)
+            makespans.append(compute_metrics(trace).makespan)
     return steps
 
 
@@ -223,14 +224,13 @@ def step_residual(costs: CostModel, runs: Sequence[tuple[Schedule, Trace]]) -> f
     replicas = costs.data_parallel.degree
     split = len(costs.model_stages or costs.stages)
     ratios = []
-    for schedule, trace, degree, makespans in _steps_by_run(runs).values():
+    for schedule, traces, degree, makespans in _steps_by_run(runs).values():
         if schedule.num_model_stages != split or degree != replicas:
             continue
-        here = replace(costs, recv_lookahead=trace.meta.get("recv_lookahead", costs.recv_lookahead))
+        here = replace(costs, recv_lookahead=traces[0].meta.get("recv_lookahead", costs.recv_lookahead))
         graph = validate(schedule)
         if replicas == 1:
-            steps = [t for s, t in runs if s.name == schedule.name and len(t)]
-            found = [r for r in (_over_own_means(graph, here, t) for t in steps) if r is not None]
+            found = [r for r in (_over_own_means(graph, here, t) for t in traces) if r is not None]
             if found:
                 ratios.append(float(np.median(found)))
             continue
@@ -257,43 +257,48 @@ def group_means(durations: np.ndarray, groups: list[np.ndarray]) -> np.ndarray:
     return out
 
 
-def simulated_makespan(graph: TaskGraph, costs: CostModel, task_times: np.ndarray | None = None) -> float:
-    """Seconds: `graph` simulated under `costs` (ranks sharing cores as its host says),
-    every op `task_times` long where given (seconds per task id)."""
-    timing = resolve(graph, costs, task_times=task_times)
-    timeline = longest_path(graph, timing) if costs.host is None else run_des(graph, timing, costs.host)
-    return compute_metrics(to_trace(graph, timing, timeline, {})).makespan
-
-
 def _over_own_means(graph: TaskGraph, costs: CostModel, trace: Trace) -> float | None:
     """A measured step's makespan over the step simulated under `costs` with every op
     the mean of the step's own ops of its kind, model stage and rank (dedicated work
-    where `costs.host` shares cores); None where the trace lacks some of the tasks."""
+    where `costs.host` shares cores), each first backward still its kept gradients
+    shorter (`_kept_by_task`); None where the trace lacks some of the tasks."""
     span = task_spans(graph, trace)
     if (span < 0).any():
         return None
     shared = costs.host is not None and shares_cores(costs.host, trace.ranks)
     took = (dedicated_durations(trace, costs.host) if shared else trace.end - trace.start)[span]
-    simulated = simulated_makespan(graph, costs, group_means(took, op_groups(graph)))
+    kept = _kept_by_task(graph, costs.model_stages or ())
+    own = group_means(took + kept, op_groups(graph)) - kept
+    simulated = compute_metrics(simulate(graph, costs, task_times=own)).makespan
     return compute_metrics(trace).makespan / simulated if simulated > 0 else None
+
+
+def _kept_by_task(graph: TaskGraph, stages: Sequence[StageCost]) -> np.ndarray:
+    """Seconds per task id: `grad_accumulate` of its model stage (`stages`) for the first
+    W or BW of each model stage on each rank in a step, which only keeps its weight
+    gradients rather than adding them into earlier ones (as `simulator.timing` simulates
+    it); 0 for every other op."""
+    col = graph.columns()
+    model = np.asarray([s.model_stage for s in graph.schedule.stages], dtype=np.int64)[col["stage"]]
+    backward = np.flatnonzero(np.isin(col["op"], (OPS.index(W), OPS.index(BW))))  # task ids in program order
+    key = col["rank"][backward].astype(np.int64) * (graph.schedule.num_model_stages + 1) + model[backward]
+    first = backward[np.unique(key, return_index=True)[1]]
+    saved = np.asarray([s.grad_accumulate for s in stages] + [0.0], dtype=float)
+    out = np.zeros(len(col["op"]))
+    out[first] = saved[np.minimum(model[first], len(stages))]
+    return out
+
 
 def _kept_seconds(schedule: Schedule, stages: Sequence[StageCost]) -> dict[tuple[str, int], float]:
     """(op, model stage) -> the seconds a mean of those ops in a run of `schedule` is
-    short of an op that adds its weight gradients into earlier ones: the first W or BW of
-    each model stage on each rank in a step only keeps them (`grad_accumulate` less, as
-    `simulator.timing` simulates it), so its share of the mean is added back."""
-    col = validate(schedule).columns()
+    short of an op that adds its weight gradients into earlier ones: the first ones only
+    keep them (`_kept_by_task`), so their share of the mean is added back."""
+    graph = validate(schedule)
+    col, kept = graph.columns(), _kept_by_task(graph, stages)
     model = np.asarray([s.model_stage for s in schedule.stages], dtype=np.int64)[col["stage"]]
-    backward = np.flatnonzero(np.isin(col["op"], (OPS.index(W), OPS.index(BW))))  # task ids in program order
-    key = col["rank"][backward].astype(np.int64) * (len(stages) + 1) + model[backward]
-    first = np.zeros(len(col["op"]), dtype=bool)
-    first[backward[np.unique(key, return_index=True)[1]]] = True
     out = {}
-    for o, k in {(int(a), int(b)) for a, b in zip(col["op"][backward], model[backward])}:
-        members = (col["op"] == o) & (model == k)
-        saved = stages[k].grad_accumulate if k < len(stages) else 0.0
-        if saved > 0:
-            out[(OPS[o], k)] = saved * float(first[members].mean())
+    for o, k in {(int(a), int(b)) for a, b, c in zip(col["op"], model, kept) if c > 0}:
+        out[(OPS[o], k)] = float(kept[(col["op"] == o) & (model == k)].mean())
     return out
 
 

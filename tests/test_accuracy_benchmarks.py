@@ -37,11 +37,12 @@ def test_accuracy_random_predicts_a_saved_launch(tmp_path):
     assert "seed 2079, 1 launches" in printed
     entry = json.loads(out.read_text())["2"]
     assert (entry["runs"], entry["models"]) == (9, 1)
-    # the default prediction (costs read from the 1F1B, ZB-H1 and ZB-V runs): 1.5 % median
+    # the default prediction (costs read from the 1F1B, ZB-H1 and ZB-V runs): 0.9 % median
     # (2.9 % while the step residual was held against the pooled op times, which at m = 2
-    # also took each first backward's kept gradients off twice)
-    assert entry["auto"]["all"]["median"] == pytest.approx(0.015, abs=0.008)
-    assert entry["auto"]["all"]["max"] == pytest.approx(0.041, abs=0.015)
+    # also took each first backward's kept gradients off twice; 1.5 % while the residual's
+    # own-means steps gave the first backwards the mean of their kind)
+    assert entry["auto"]["all"]["median"] == pytest.approx(0.009, abs=0.006)
+    assert entry["auto"]["all"]["max"] == pytest.approx(0.022, abs=0.012)
     # solo profiles alone predict 7.6 % short here: the runs' costs must stay better
     assert entry["solo"]["all"]["median"] == pytest.approx(0.076, abs=0.02)
     assert entry["auto"]["all"]["median"] < entry["solo"]["all"]["median"]

@@ -321,6 +321,29 @@ def test_noisy_steps_are_held_against_their_own_op_times_step_by_step():
     assert step_residual(raw, runs) == pytest.approx(np.sqrt(per_run[0] * per_run[1]), rel=1e-12)
 
 
+def test_given_op_times_replace_the_cost_models_in_a_simulation():
+    """`simulate(..., task_times=)`, what the residual and error_shares simulate a run's own
+    op times with: 1F1B at p = 2, m = 4, every op 1 s and links free is 2 (m + p - 1) s."""
+    graph = validate(build("1f1b", 2, 4))
+    plain = CostModel(stages=(StageCost(5.0, 5.0, 5.0),))
+    ones = np.ones(len(graph.columns()["op"]))
+    assert compute_metrics(simulate(graph, plain, task_times=ones)).makespan == pytest.approx(10.0)
+    assert compute_metrics(simulate(graph, plain)).makespan > 40.0
+
+
+def test_each_first_backwards_kept_gradients_are_added_back_to_a_runs_means():
+    """The first W or BW of a stage on a rank keeps its gradients and takes grad_accumulate
+    less; a run's mean holds that saving once, and the simulation takes it off again: added
+    back, the runs give back exactly the costs they were simulated with."""
+    truth = replace(SOLO, model_stages=tuple(replace(s, grad_accumulate=0.4) for s in SOLO.model_stages))
+    runs = [run_of("1f1b", truth), run_of("zb-h1", truth)]
+    got = costs_from_runs(truth, runs)
+    for mine, want in zip(got.model_stages, truth.model_stages):
+        assert mine.backward_full == pytest.approx(want.backward_full, rel=1e-12)
+        assert mine.backward_weight == pytest.approx(want.backward_weight, rel=1e-12)
+    assert got.meta["from_runs"]["residual"] == pytest.approx(1.0, rel=1e-12)
+
+
 def test_the_residual_counts_only_runs_with_the_costs_replicas_and_split():
     # steps 0.5 s longer per op than their op times (runtime the costs do not hold)
     schedule, trace = run_of("1f1b", replace(SOLO, host_overhead=HostOverhead(per_op=0.5)))

@@ -240,6 +240,7 @@ def test_metrics_of_one_step_have_no_period():
 @pytest.mark.parametrize("kwargs,message", [
     ({"steps": 0}, "steps must be"), ({"steps": MAX_STEPS + 1}, "steps must be"), ({"steps": 2.0}, "steps must be"),
     ({"step_barrier": "some"}, "step_barrier"), ({"steps": 2, "noise_cv": 0.1}, "noise"),
+    ({"steps": 2, "task_times": np.ones(16)}, "task_times"),
 ])
 def test_simulate_checks_its_step_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
