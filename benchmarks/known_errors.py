@@ -35,9 +35,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from validate_many import KEPT, kept_doc  # noqa: E402
+from validate_many import KEPT, advised_loss, kept_doc  # noqa: E402
 
-from pipesched.simulator.confidence import KNOWN_ERROR, known_error, pick_confidence  # noqa: E402
+from pipesched.commands.validate_many import ranking_of  # noqa: E402
+from pipesched.simulator.confidence import KNOWN_ERROR, known_error  # noqa: E402
 
 
 def kept_docs(roots: list[Path]) -> list[tuple[int, dict]]:
@@ -83,13 +84,9 @@ def fitted_table(errors: dict[tuple[bool, str], list[float]], q: float) -> dict:
 def followed(doc: dict, known: dict | None) -> tuple[bool, float, int]:
     """(whether `validate` ranking with `known` calls the launch's pick settled, the loss
     of a user who follows it against the measured fastest, how many schedules it names)."""
-    ranking = doc["ranking"]
-    measured = {s["schedule"]: s["measured"]["makespan"] for s in doc["schedules"]}
-    predicted = {s["schedule"]: s["predicted"]["makespan"] for s in doc["schedules"]}
-    floor = max((abs(v) for v in ranking["measured_again"].values()), default=0.0)
-    sure = pick_confidence(predicted, ranking["shared_cores"], floor, known)
-    chosen = sure.pick if sure.settled else min(sure.to_measure, key=measured.__getitem__)
-    return sure.settled, measured[chosen] / min(measured.values()) - 1, len(sure.to_measure)
+    ranking = ranking_of(doc["schedules"], doc["ranking"]["shared_cores"], known=known)
+    settled, loss = advised_loss({"schedules": doc["schedules"], "ranking": ranking})
+    return settled, loss, len(ranking["confidence"]["to_measure"])
 
 
 def check(docs: list[tuple[int, dict]], tables: dict[str, dict | None]) -> None:

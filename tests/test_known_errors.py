@@ -16,9 +16,9 @@ from known_errors import fitted_table, followed  # noqa: E402
 
 def launch(predicted: dict[str, float], measured: dict[str, float], again: dict[str, float] | None = None) -> dict:
     """A launch's document as validate_many's kept_doc gives it (the fields read here)."""
-    return {"schedules": [{"schedule": n, "predicted": {"makespan": predicted[n]},
-                           "measured": {"makespan": measured[n]}} for n in predicted],
-            "ranking": {"shared_cores": False, "measured_again": again or {}}}
+    return {"schedules": [{"schedule": n, "predicted": {"makespan": predicted[n]}, "measured": {"makespan": measured[n]},
+                           "calibration_run_apart": (again or {}).get(n)} for n in predicted],
+            "ranking": {"shared_cores": False}}
 
 
 def test_the_fitted_record_is_each_schedules_signed_quantiles():
@@ -40,7 +40,8 @@ def test_following_the_command_measures_what_it_names_and_keeps_a_settled_pick()
     doc = launch({"1f1b": 1.0, "dualpipe": 1.08, "gpipe": 1.5}, {"1f1b": 1.05, "dualpipe": 1.00, "gpipe": 1.4})
     assert followed(doc, record) == (True, pytest.approx(0.05), 1)
     # the launch's own floor (two runs of one schedule 9 % apart) unsettles it
-    doc["ranking"]["measured_again"] = {"1f1b": -0.09}
+    doc = launch({"1f1b": 1.0, "dualpipe": 1.08, "gpipe": 1.5}, {"1f1b": 1.05, "dualpipe": 1.00, "gpipe": 1.4},
+                 again={"1f1b": -0.09})
     assert followed(doc, record) == (False, 0.0, 2)
 
 

@@ -85,12 +85,13 @@ def run_many(args: argparse.Namespace) -> int:
     return 1 if any(c is not None and not (c.loss_matches and c.grads_match) for c in checks) else 0
 
 
-def ranking_of(summaries: list[dict], shared_cores: bool = False, gpu: bool = False) -> dict:
+def ranking_of(summaries: list[dict], shared_cores: bool = False, gpu: bool = False, known: dict | None = None) -> dict:
     """The schedules fastest first by prediction and by measurement, how much longer
     (relative) the predicted fastest measured than the measured fastest, and how sure the
     pick was from the prediction alone (`confidence`; None on GPUs, where this predictor's
     error per schedule has no record). Ranked by makespan, or by period where every
-    schedule's period was measured (steps without a barrier: "by" says which)."""
+    schedule's period was measured (steps without a barrier: "by" says which). `known`:
+    another record of errors per schedule than `simulator.confidence.KNOWN_ERROR`."""
     from pipesched.simulator.confidence import pick_confidence
 
     by = "period" if summaries and all((s.get("period") or {}).get("measured") for s in summaries) else "makespan"
@@ -107,7 +108,7 @@ def ranking_of(summaries: list[dict], shared_cores: bool = False, gpu: bool = Fa
     again = {s["schedule"]: s["calibration_run_apart"] for s in summaries
              if by == "makespan" and s.get("calibration_run_apart") is not None}
     floor = max((abs(v) for v in again.values()), default=0.0)
-    confidence = None if gpu else pick_confidence(predicted, shared_cores, floor).to_dict()
+    confidence = None if gpu else pick_confidence(predicted, shared_cores, floor, known).to_dict()
     return {"predicted": predicted_order, "measured": measured_order,
             "predicted_fastest": predicted_order[0], "measured_fastest": measured_order[0],
             "pick_over_fastest": measured[predicted_order[0]] / measured[measured_order[0]] - 1,
