@@ -7,7 +7,8 @@ costs.json), takes each run's makespan error (predicted / measured - 1, as `vali
 prints it) and prints per p, ranks sharing cores or not, and schedule: the number of runs,
 the median and the low and high quantiles of the signed error (a schedule predicted short
 has a negative one), and the 75th percentile of |error|, the form the table had before it
-was signed.
+was signed; then per side the median |error| with and without each schedule's median
+taken out (the most a correction per schedule could gain).
 
 With --check DIR ... the table fitted from the first roots (the quantiles printed) is held
 against launches it was not fitted on: every kept launch under the --check roots is
@@ -65,6 +66,18 @@ def signed_errors(docs: list[tuple[int, dict]]) -> dict[tuple[bool, str], list[f
         for s in doc["schedules"]:
             out[(doc["ranking"]["shared_cores"], s["schedule"])].append(s["makespan_rel_error"])
     return out
+
+
+def bias_ceiling(errors: dict[str, list[float]]) -> tuple[float, float]:
+    """(the median |error| over every run in `errors`, schedule -> signed errors; the same
+    with each schedule's median subtracted from its runs): how much of the error a
+    correction per schedule could remove at most."""
+    values = [np.asarray(v, dtype=float) for v in errors.values() if len(v)]
+    if not values:
+        return 0.0, 0.0
+    whole = np.concatenate(values)
+    centred = np.concatenate([v - np.median(v) for v in values])
+    return float(np.median(np.abs(whole))), float(np.median(np.abs(centred)))
 
 
 def fitted_table(errors: dict[tuple[bool, str], list[float]], q: float) -> dict:
@@ -145,6 +158,9 @@ def main() -> int:
             lo, mid, hi = np.quantile(v, [q, 0.5, 1 - q])
             print(f"{name:<18}{len(v):>6}{100 * mid:>+9.2f}{100 * lo:>+9.2f}{100 * hi:>+9.2f}"
                   f"{100 * np.quantile(np.abs(v), 0.75):>9.2f}")
+        whole, centred = bias_ceiling({name: v for (where, name), v in found.items() if where == shared})
+        print(f"median |error| {100 * whole:.2f} %; with each schedule's median taken out {100 * centred:.2f} % "
+              "(the most a correction per schedule could take off)")
     if args.check:
         docs = checked
         if not docs:

@@ -186,10 +186,12 @@ def advised_loss(doc: dict) -> tuple[bool, float]:
 
 def settled_note(ranking: dict) -> str:
     """', not settled' where the command said so, with the launch's floor where it set the error."""
+    from pipesched.commands.validate_many import floor_source
+
     sure = ranking.get("confidence")
     if not sure or sure["settled"]:
         return ""
-    return ", not settled" + (f" (two runs of one schedule {100 * sure['floor']:.1f} % apart)"
+    return ", not settled" + (f" ({floor_source(ranking)} {100 * sure['floor']:.1f} % apart)"
                               if sure["by_floor"] else "")
 
 

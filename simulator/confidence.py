@@ -2,35 +2,38 @@
 predictions of those schedules are known to miss, and in which direction.
 
 One calibration predicts every schedule; its error differs by schedule kind, in size and
-in sign (chunks of half a stage, V placements and DualPipe's two directions err more than
-the 1F1B and ZB-H1 runs it was calibrated on; looped BFS is predicted long with a core per
-rank, DualPipe short with two ranks a core). The table holds, per schedule, the 5th and
-the 95th percentile of the makespan error (predicted / measured - 1) of `validate A,B,...`
-of all nine built-ins on models drawn fresh: 103 launches at p = 2 with a core per rank
-and 20 at p = 4 with two ranks a core (2-core VMs, torch 2.13.0 CPU, gloo, 2026-11-28/29;
-`benchmarks/known_errors.py`, the launches in docs/accuracy.md).
+in sign (with a core per rank looped BFS and ZB-V come out long, GPipe and 1F1B short;
+with two ranks a core DualPipe and interleaved 1F1B come out short, 1F1B and GPipe long).
+The table holds, per schedule, the 5th and the 95th percentile of the makespan error
+(predicted / measured - 1) of `validate A,B,...` of all nine built-ins on models drawn
+fresh, under today's cost model (the step residual held against each step's own op times):
+39 launches at p = 2 with a core per rank and 20 at p = 4 with two ranks a core (2-core
+VMs, torch 2.13.0 CPU, gloo, 2026-11-29; `benchmarks/known_errors.py`, the launches in
+docs/accuracy.md).
 
 A pick P is settled over a schedule S when S would still measure slower with P as far
 short as its 5th percentile and S as far long as its 95th:
-pred_S / pred_P - 1 > (1 + high_S) / (1 + low_P) - 1, the lead needed. Where a launch
-measured one schedule twice (`validate` runs its calibration's schedules again), how far
-those two runs were apart is a floor under that lead. A schedule not in the table
-(V-Half, V-Min, zb-auto, a file) gets the widest range of the two-chunk schedules. Wide
-percentiles on purpose: a user who measures only what the command names should not end
-with a schedule much slower than the fastest, and narrower ones let an outlier through
-(docs/accuracy.md, "How sure a pick is", has how each held out).
+pred_S / pred_P - 1 > (1 + high_S) / (1 + low_P) - 1, the lead needed. A launch's own
+repeatability is a floor under that lead: where it measured one schedule twice
+(`validate` runs its calibration's schedules again), how far those two runs were apart,
+and how far the two halves of any run's steps (even against odd) were apart: a host that
+swung by 20 % within a run can turn an 8 % lead around (docs/accuracy.md). A schedule not
+in the table (V-Half, V-Min, zb-auto, a file) gets the widest range of the two-chunk
+schedules. Wide percentiles on purpose: a user who measures only what the command names
+should not end with a schedule much slower than the fastest, and narrower ones let an
+outlier through (docs/accuracy.md, "How sure a pick is", has how each held out).
 
     | schedule         | a core per rank   | two ranks a core  |
     |------------------|-------------------|-------------------|
-    | 1f1b             |   -5.5 %   +6.2 % |   -3.2 %   +8.0 % |
-    | zb-h1            |   -3.0 %   +9.3 % |   -6.1 %   +8.5 % |
-    | zb-h2            |   -3.6 %  +11.8 % |   -7.6 %   +8.5 % |
-    | gpipe            |   -4.6 %   +7.2 % |   -3.9 %   +8.9 % |
-    | interleaved-1f1b |   -4.7 %   +9.2 % |   -8.1 %   +3.0 % |
-    | looped-bfs       |   -5.8 %  +15.8 % |   -7.8 %   +3.9 % |
-    | zb-v             |   -3.6 %  +13.3 % |  -12.1 %   +6.0 % |
-    | dualpipe         |   -6.6 %   +8.2 % |  -16.9 %   +3.8 % |
-    | dualpipev        |   -6.6 %   +6.6 % |   -6.7 %   +4.3 % |
+    | 1f1b             |   -5.7 %   +2.8 % |   -8.0 %  +12.1 % |
+    | zb-h1            |   -7.4 %   +3.6 % |   -6.9 %   +6.4 % |
+    | zb-h2            |   -4.1 %   +6.5 % |   -5.6 %   +7.7 % |
+    | gpipe            |   -6.2 %   +3.2 % |   -2.2 %   +8.2 % |
+    | interleaved-1f1b |   -3.9 %   +4.4 % |   -6.2 %   +4.2 % |
+    | looped-bfs       |   -4.8 %   +8.2 % |   -7.0 %   +3.7 % |
+    | zb-v             |   -3.5 %   +7.8 % |   -8.9 %   +4.9 % |
+    | dualpipe         |   -4.4 %   +5.9 % |  -12.7 %   +0.5 % |
+    | dualpipev        |   -6.3 %   +4.2 % |   -5.3 %   +4.3 % |
 """
 from __future__ import annotations
 
@@ -41,15 +44,15 @@ Range = tuple[float, float]  # (5th, 95th percentile) of predicted / measured - 
 
 #: schedule -> ((low, high) with a core per rank, (low, high) with two ranks a core)
 KNOWN_ERROR: dict[str, tuple[Range, Range]] = {
-    "1f1b": ((-0.0546, +0.0625), (-0.0317, +0.0802)),
-    "zb-h1": ((-0.0298, +0.0933), (-0.0609, +0.0852)),
-    "zb-h2": ((-0.0365, +0.1181), (-0.0757, +0.0853)),
-    "gpipe": ((-0.0462, +0.0721), (-0.0394, +0.0892)),
-    "interleaved-1f1b": ((-0.0469, +0.0920), (-0.0807, +0.0303)),
-    "looped-bfs": ((-0.0581, +0.1580), (-0.0777, +0.0392)),
-    "zb-v": ((-0.0362, +0.1328), (-0.1214, +0.0602)),
-    "dualpipe": ((-0.0655, +0.0823), (-0.1694, +0.0384)),
-    "dualpipev": ((-0.0657, +0.0660), (-0.0669, +0.0428)),
+    "1f1b": ((-0.0573, +0.0280), (-0.0800, +0.1212)),
+    "zb-h1": ((-0.0739, +0.0362), (-0.0691, +0.0642)),
+    "zb-h2": ((-0.0409, +0.0654), (-0.0559, +0.0773)),
+    "gpipe": ((-0.0615, +0.0321), (-0.0225, +0.0823)),
+    "interleaved-1f1b": ((-0.0390, +0.0440), (-0.0618, +0.0419)),
+    "looped-bfs": ((-0.0482, +0.0822), (-0.0705, +0.0371)),
+    "zb-v": ((-0.0348, +0.0784), (-0.0893, +0.0486)),
+    "dualpipe": ((-0.0444, +0.0591), (-0.1268, +0.0049)),
+    "dualpipev": ((-0.0628, +0.0420), (-0.0529, +0.0426)),
 }
 TWO_CHUNK = ("interleaved-1f1b", "zb-v", "dualpipev")
 
@@ -109,9 +112,10 @@ class Confidence:
 def pick_confidence(predicted: dict[str, float], shared_cores: bool = False, floor: float = 0.0,
                     known: Mapping[str, tuple[Range, Range]] | None = None) -> Confidence:
     """How sure the pick among `predicted` (schedule name -> predicted makespan, seconds,
-    all positive) is; `floor` (a fraction >= 0): how far two runs of one schedule in the
-    same launch were apart, the least lead taken to settle anything; `known`: the record
-    (KNOWN_ERROR by default). ValueError for an empty or non-positive input or a bad floor."""
+    all positive) is; `floor` (a fraction >= 0): how far two runs of one schedule, or the
+    two halves of one run's steps, in the same launch were apart, the least lead taken to
+    settle anything; `known`: the record (KNOWN_ERROR by default). ValueError for an empty
+    or non-positive input or a bad floor."""
     if not predicted:
         raise ValueError("no predicted makespans to rank")
     if any(not t > 0 for t in predicted.values()):

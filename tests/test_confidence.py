@@ -82,12 +82,31 @@ def test_a_launchs_own_floor_raises_every_needed_lead():
 def test_the_line_says_the_lead_needed_and_names_the_launchs_floor_where_it_decides():
     from pipesched.commands.validate_many import confidence_line
 
-    def line(floor: float) -> str:
+    def line(floor: float, again: dict | None = None) -> str:
         sure = pick_confidence({"dualpipe": 1.0, "1f1b": 1.09}, False, floor, known=RECORD)
-        return confidence_line({"confidence": sure.to_dict(), "shared_cores": False})
+        return confidence_line({"confidence": sure.to_dict(), "shared_cores": False, "measured_again": again or {}})
 
     assert line(0.0).startswith("how sure: dualpipe predicted 9.0 % ahead of 1f1b; it needs a lead of 8.4 %")
     assert line(0.0).endswith("(5th and 95th percentile of the error, CPUs, a core per rank): "
                               "the prediction settles it")
-    assert "two runs of one schedule in this launch were 11.2 % apart" in line(0.112)
+    assert "two runs of one schedule in this launch were 11.2 % apart" in line(0.112, {"1f1b": -0.112})
+    assert "the two halves of one run's steps in this launch were 11.2 % apart" in line(0.112, {"1f1b": 0.02})
     assert line(0.112).endswith("not settled by the prediction; measure dualpipe, 1f1b")
+
+
+def test_a_run_whose_step_halves_differ_is_a_floor_like_two_runs_of_one_schedule():
+    from pipesched.commands.validate_many import ranking_of
+
+    def summary(name: str, predicted: float, measured: float, halves: float, again: float | None = None) -> dict:
+        return {"schedule": name, "predicted": {"makespan": predicted}, "measured": {"makespan": measured},
+                "measured_halves_apart": halves, "calibration_run_apart": again}
+
+    # DualPipe 9 % ahead needs 8.4 % over 1F1B (RECORD): settled while the runs repeat within 3 %
+    runs = [summary("dualpipe", 1.0, 1.0, 0.02), summary("1f1b", 1.09, 1.1, 0.03, again=-0.01)]
+    sure = ranking_of(runs, known=RECORD)["confidence"]
+    assert sure["settled"] and sure["floor"] == pytest.approx(0.03)
+    runs[0]["measured_halves_apart"] = 0.20  # the host swung by 20 % between even and odd steps
+    ranking = ranking_of(runs, known=RECORD)
+    assert ranking["measured_halves"] == {"dualpipe": 0.20, "1f1b": 0.03}
+    assert ranking["confidence"]["floor"] == pytest.approx(0.20) and not ranking["confidence"]["settled"]
+    assert ranking["confidence"]["to_measure"] == ["dualpipe", "1f1b"]

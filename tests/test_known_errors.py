@@ -11,7 +11,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "known_errors.py"
 sys.path.insert(0, str(SCRIPT.parent))
 
-from known_errors import fitted_table, followed  # noqa: E402
+from known_errors import bias_ceiling, fitted_table, followed  # noqa: E402
 
 
 def launch(predicted: dict[str, float], measured: dict[str, float], again: dict[str, float] | None = None) -> dict:
@@ -27,6 +27,13 @@ def test_the_fitted_record_is_each_schedules_signed_quantiles():
     assert table["dualpipe"][0] == pytest.approx((-0.05, 0.01))
     assert table["1f1b"][1] == pytest.approx((0.03, 0.03))
     assert table["dualpipe"][1] == pytest.approx(fitted_table({}, 0.25)["dualpipe"][1])  # no run: today's entry
+
+
+def test_the_bias_ceiling_takes_each_schedules_median_out():
+    # ZB-V always 4 % long: a per-schedule correction would remove all of its error
+    whole, centred = bias_ceiling({"zb-v": [0.04, 0.04, 0.04], "1f1b": [-0.01, 0.0, 0.01]})
+    assert whole == pytest.approx(0.025) and centred == pytest.approx(0.0)
+    assert bias_ceiling({}) == (0.0, 0.0)
 
 
 def test_following_the_command_measures_what_it_names_and_keeps_a_settled_pick():

@@ -186,7 +186,10 @@ def test_validate_several_schedules_from_one_calibration(tmp_path):
     again = ranking["measured_again"]
     steps = {s["schedule"]: statistics.median(s["measured_makespans"]) for s in doc["schedules"]}
     assert again == pytest.approx({name: steps[name] / typical[name][1] - 1 for name in steps})
-    assert sure["floor"] == pytest.approx(max(abs(v) for v in again.values())) and sure["error"] >= sure["floor"]
+    halves = ranking["measured_halves"]  # each run's even steps against its odd ones, a floor too
+    assert halves == pytest.approx({s["schedule"]: s["measured_halves_apart"] for s in doc["schedules"]})
+    assert sure["floor"] == pytest.approx(max([abs(v) for v in again.values()] + list(halves.values())))
+    assert sure["error"] >= sure["floor"]
     assert "measured again: 1f1b " in pipesched("validate", "1f1b,zb-h1", "-p", "2", "-m", "4", *SMALL, "--steps",
                                                 "2", "--warmup", "1", "--out", str(tmp_path / "text")).stdout
 

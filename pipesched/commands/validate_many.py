@@ -90,8 +90,11 @@ def ranking_of(summaries: list[dict], shared_cores: bool = False, gpu: bool = Fa
     (relative) the predicted fastest measured than the measured fastest, and how sure the
     pick was from the prediction alone (`confidence`; None on GPUs, where this predictor's
     error per schedule has no record). Ranked by makespan, or by period where every
-    schedule's period was measured (steps without a barrier: "by" says which). `known`:
-    another record of errors per schedule than `simulator.confidence.KNOWN_ERROR`."""
+    schedule's period was measured (steps without a barrier: "by" says which). By makespan,
+    the launch's own repeatability is the floor under the known errors: how far each
+    calibration schedule's run was from the calibration's run of it (`measured_again`) and
+    how far each run's even steps were from its odd ones (`measured_halves`), the largest.
+    `known`: another record of errors per schedule than `simulator.confidence.KNOWN_ERROR`."""
     from pipesched.simulator.confidence import pick_confidence
 
     by = "period" if summaries and all((s.get("period") or {}).get("measured") for s in summaries) else "makespan"
@@ -107,12 +110,24 @@ def ranking_of(summaries: list[dict], shared_cores: bool = False, gpu: bool = Fa
     predicted_order, measured_order = order("predicted"), order("measured")
     again = {s["schedule"]: s["calibration_run_apart"] for s in summaries
              if by == "makespan" and s.get("calibration_run_apart") is not None}
-    floor = max((abs(v) for v in again.values()), default=0.0)
+    halves = {s["schedule"]: s["measured_halves_apart"] for s in summaries
+              if by == "makespan" and s.get("measured_halves_apart") is not None}
+    floor = max([abs(v) for v in again.values()] + list(halves.values()), default=0.0)
     confidence = None if gpu else pick_confidence(predicted, shared_cores, floor, known).to_dict()
     return {"predicted": predicted_order, "measured": measured_order,
             "predicted_fastest": predicted_order[0], "measured_fastest": measured_order[0],
             "pick_over_fastest": measured[predicted_order[0]] / measured[measured_order[0]] - 1,
-            "confidence": confidence, "shared_cores": shared_cores, "by": by, "measured_again": again}
+            "confidence": confidence, "shared_cores": shared_cores, "by": by, "measured_again": again,
+            "measured_halves": halves}
+
+
+def floor_source(ranking: dict) -> str:
+    """What set the launch's floor under the known errors (`ranking_of`): two runs of one
+    schedule (`measured_again`) or the two halves of one run's steps (`measured_halves`)."""
+    floor = (ranking.get("confidence") or {}).get("floor", 0.0)
+    again = ranking.get("measured_again") or {}
+    return ("two runs of one schedule" if any(abs(v) >= floor for v in again.values())
+            else "the two halves of one run's steps")
 
 
 def confidence_line(ranking: dict) -> str:
@@ -124,7 +139,7 @@ def confidence_line(ranking: dict) -> str:
         return "how sure: one schedule, nothing to choose"
     where = "ranks sharing cores" if ranking["shared_cores"] else "a core per rank"
     if c["by_floor"]:
-        miss = (f"two runs of one schedule in this launch were {100 * c['floor']:.1f} % apart, more than the lead "
+        miss = (f"{floor_source(ranking)} in this launch were {100 * c['floor']:.1f} % apart, more than the lead "
                 f"the known errors ask for ({where})")
     else:
         miss = (f"it needs a lead of {100 * c['error']:.1f} % to be measured ahead with the pick predicted as short "
